@@ -1,0 +1,50 @@
+"""resource_lease: share a pool of scarce resources between processes through the database.
+
+from resource_lease import acquire
+
+with acquire("proxy", ttl=30, auto_renew=True) as lease:
+    use(lease.resource.data["url"])
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost, NoResourceAvailable
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Lease",
+    "LeaseDatabaseError",
+    "LeaseError",
+    "LeaseLost",
+    "NoResourceAvailable",
+    "ResourceHolder",
+    "acquire",
+    "close_connections",
+]
+
+if TYPE_CHECKING:
+    from resource_lease.db.connections import close_connections
+    from resource_lease.holder import ResourceHolder
+    from resource_lease.lease import Lease, acquire
+
+# The names below import models, which need the app registry; resolve them on first use so
+# that ``import resource_lease`` works before django.setup() (e.g. in settings or celery.py).
+_LAZY = {
+    "acquire": "resource_lease.lease",
+    "Lease": "resource_lease.lease",
+    "ResourceHolder": "resource_lease.holder",
+    "close_connections": "resource_lease.db.connections",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'resource_lease' has no attribute {name!r}")

@@ -1,0 +1,397 @@
+"""The Django admin of the pool: states at a glance, and the operator's three actions.
+
+Every state and time shown is judged by the database's clock (``pool.with_state``). The
+actions call ``resource_lease.pool``, whose conditional UPDATEs are safe while workers lease.
+Fields that only the lease engine writes are read-only, and saving a resource writes only
+the fields the form changed, so an edit can never put back a stale holder, fence or expiry.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import escape, format_html, format_html_join
+from django.utils.http import urlencode
+from django.utils.safestring import mark_safe
+from django.utils.text import capfirst
+
+from resource_lease import pool
+from resource_lease.audit import acting_as
+from resource_lease.conf import lease_settings
+from resource_lease.db import DbNow
+from resource_lease.display import (
+    current_holder,
+    database_time,
+    format_duration,
+    payload_url,
+    quarantine_left,
+    with_display_state,
+)
+from resource_lease.models import LeaseEvent, PoolOverview, Resource
+
+#: Fields the lease engine (or the pool operations) write; never edited in a form.
+MACHINE_FIELDS = (
+    "busy_before",
+    "holder",
+    "fence",
+    "acquired_at",
+    "renewed_at",
+    "released_at",
+    "took_over",
+    "previous_holder",
+    "quarantined_until",
+    "quarantine_reason",
+    "created_at",
+)
+#: What an operator may edit.
+EDITABLE_FIELDS = ("kind", "name", "data", "enabled")
+
+QUARANTINE_CHOICES = [
+    (15 * 60, "15 minutes"),
+    (60 * 60, "1 hour"),
+    (6 * 60 * 60, "6 hours"),
+    (24 * 60 * 60, "1 day"),
+    (7 * 24 * 60 * 60, "7 days"),
+]
+
+CSS = {"all": ("resource_lease/admin.css",)}
+
+
+def _actor(request: HttpRequest) -> str:
+    return f"admin:{request.user.get_username()}"
+
+
+def _badge(state: str, label: str | None = None) -> str:
+    return format_html('<span class="rl-badge rl-{}">{}</span>', state, label or state)
+
+
+def _breakable(text: str, *, at_colons: bool = True) -> str:
+    """Escaped ``text`` that may wrap after ``://`` and ``@`` (and before other colons): holders
+    and URLs have no spaces, and unbroken they push the list's columns off screen."""
+    html = str(escape(text)).replace("://", "\0")
+    if at_colons:
+        html = html.replace(":", "<wbr>:")
+    html = html.replace("@", "@<wbr>").replace("\0", "://<wbr>")
+    return mark_safe(html)  # noqa: S308  (built from escaped text)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+class StateFilter(admin.SimpleListFilter):
+    """Filter on the ``state`` annotation (free, held, expired, quarantined, disabled)."""
+
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(state, state) for state in pool.STATES]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        value = self.value()
+        if value in pool.STATES:
+            return queryset.filter(state=value)
+        return queryset
+
+
+class QuarantineForm(forms.Form):
+    duration = forms.TypedChoiceField(label="Quarantine for", choices=QUARANTINE_CHOICES, coerce=int, initial=60 * 60)
+    reason = forms.CharField(
+        max_length=500,
+        help_text="Why it is taken out of service (shown in the list and in the audit trail).",
+        widget=forms.TextInput(attrs={"size": 60}),
+    )
+
+
+@admin.register(Resource)
+class ResourceAdmin(admin.ModelAdmin):
+    list_display = (
+        "name",
+        "kind",
+        "state_badge",
+        "holder_display",
+        "fence",
+        "time_left_display",
+        "url_display",
+    )
+    list_filter = ("kind", StateFilter, "enabled")
+    search_fields = ("name", "holder")
+    ordering = ("kind", "name")
+    list_per_page = 100
+    actions = ("force_release_action", "quarantine_action", "restore_action")
+    readonly_fields = (*MACHINE_FIELDS, "state_badge", "time_left_display", "quarantine_display", "recent_events")
+    fieldsets = (
+        (None, {"fields": EDITABLE_FIELDS}),
+        (
+            "Lease (written by the lease engine only)",
+            {
+                "fields": (
+                    "state_badge",
+                    "holder",
+                    "fence",
+                    "busy_before",
+                    "time_left_display",
+                    "acquired_at",
+                    "renewed_at",
+                    "released_at",
+                    "took_over",
+                    "previous_holder",
+                )
+            },
+        ),
+        (
+            "Quarantine (use the list's actions)",
+            {"fields": ("quarantine_display", "quarantined_until", "quarantine_reason")},
+        ),
+        ("Recent events", {"fields": ("recent_events", "created_at")}),
+    )
+
+    class Media:
+        css = CSS
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Resource]:
+        return with_display_state(super().get_queryset(request))
+
+    def get_fieldsets(self, request: HttpRequest, obj: Resource | None = None) -> Any:
+        if obj is None:
+            return ((None, {"fields": EDITABLE_FIELDS}),)
+        return super().get_fieldsets(request, obj)
+
+    # -- columns ------------------------------------------------------------------------
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, obj: Resource) -> str:
+        state = getattr(obj, "state", "")
+        if not state:
+            return "-"
+        if state == pool.QUARANTINED:  # how long, and why, right under the badge
+            return format_html('{}<div class="rl-note">{}</div>', _badge(state), self.quarantine_display(obj))
+        return _badge(state)
+
+    @admin.display(description="holder", ordering="holder")
+    def holder_display(self, obj: Resource) -> str:
+        holder = current_holder(obj)
+        if holder and obj.took_over and obj.previous_holder:
+            return format_html(
+                '{}<br><small title="its previous lease expired unreleased">took over from {}</small>',
+                holder,
+                obj.previous_holder,
+            )
+        return holder or "-"
+
+    @admin.display(description="time left", ordering="busy_before")
+    def time_left_display(self, obj: Resource) -> str:
+        return format_duration(getattr(obj, "time_left", None)) or "-"
+
+    @admin.display(description="URL")
+    def url_display(self, obj: Resource) -> str:
+        url = payload_url(obj)
+        return _breakable(url, at_colons=False) if url else "-"
+
+    @admin.display(description="quarantine", ordering="quarantined_until")
+    def quarantine_display(self, obj: Resource) -> str:
+        remaining = quarantine_left(obj)
+        if remaining is None:
+            return "-"
+        reason = f": {obj.quarantine_reason}" if obj.quarantine_reason else ""
+        return f"{format_duration(remaining)} left{reason}"
+
+    @admin.display(description="recent events")
+    def recent_events(self, obj: Resource) -> str:
+        events = list(
+            LeaseEvent.objects.using(obj._state.db).filter(kind=obj.kind, name=obj.name).order_by("-at", "-id")[:10]
+        )
+        if not events:
+            return "none recorded" + ("" if lease_settings.AUDIT else " (the audit trail is off)")
+        return format_html(
+            "<ul class='rl-events'>{}</ul>",
+            format_html_join(
+                "",
+                "<li>{} {} {} {}</li>",
+                (
+                    (f"{e.at:%Y-%m-%d %H:%M:%S}", _badge(e.event, capfirst(e.get_event_display())), e.holder, e.detail)
+                    for e in events
+                ),
+            ),
+        )
+
+    # -- saving -------------------------------------------------------------------------
+
+    def save_model(self, request: HttpRequest, obj: Resource, form: forms.ModelForm[Resource], change: bool) -> None:
+        if not change:
+            super().save_model(request, obj, form, change)
+            return
+        # Only what the operator changed: a full save would write back the holder, fence and
+        # expiry as they were when the form was loaded, undoing a grant made since.
+        fields = [name for name in form.changed_data if name in EDITABLE_FIELDS]
+        if fields:
+            obj.save(update_fields=fields)
+
+    # -- actions ------------------------------------------------------------------------
+
+    def _apply(self, request: HttpRequest, queryset: QuerySet[Resource], operation: Any, done: str, why: str) -> None:
+        """Run a pool operation on the selected rows as the admin user and say how many changed."""
+        pks = list(queryset.values_list("pk", flat=True))
+        with acting_as(_actor(request)):
+            changed = operation(pks, using=queryset.db)
+        message = f"{done} {_plural(changed, 'resource')}"
+        if skipped := len(pks) - changed:
+            message += f"; {skipped} of the {len(pks)} selected {why}"
+        self.message_user(request, message + ".", messages.SUCCESS if changed else messages.WARNING)
+
+    @admin.action(description="Force release (free now; the holder's next renewal fails)", permissions=["change"])
+    def force_release_action(self, request: HttpRequest, queryset: QuerySet[Resource]) -> None:
+        self._apply(request, queryset, pool.force_release, "Force-released", "had no live lease")
+
+    @admin.action(description="Quarantine for a chosen time, with a reason…", permissions=["change"])
+    def quarantine_action(self, request: HttpRequest, queryset: QuerySet[Resource]) -> HttpResponse | None:
+        pks = list(queryset.values_list("pk", flat=True))
+        if "apply" in request.POST:
+            form = QuarantineForm(request.POST)
+            if form.is_valid():
+                still_held = queryset.filter(busy_before__gt=DbNow()).exclude(grant_token="").count()
+                seconds, reason = form.cleaned_data["duration"], form.cleaned_data["reason"]
+                with acting_as(_actor(request)):
+                    count = pool.quarantine(pks, reason=reason, seconds=seconds, using=queryset.db)
+                label = dict(QUARANTINE_CHOICES).get(seconds, f"{seconds}s")
+                message = f"Quarantined {_plural(count, 'resource')} for {label}: {reason}."
+                if still_held:
+                    message += (
+                        f" {still_held} {'is' if still_held == 1 else 'are'} leased right now: the holder keeps it"
+                        " until it releases (or its lease runs out), then it stays out until the quarantine ends."
+                    )
+                self.message_user(request, message, messages.SUCCESS if count else messages.WARNING)
+                return None
+        else:
+            form = QuarantineForm(initial={"duration": _default_duration()})
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Quarantine resources",
+            "opts": self.model._meta,
+            "form": form,
+            "resources": queryset.order_by("kind", "name")[:200],
+            "count": len(pks),
+            "pks": pks,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            "media": self.media + form.media,
+        }
+        return TemplateResponse(request, "admin/resource_lease/resource/quarantine.html", context)
+
+    @admin.action(description="Restore from quarantine", permissions=["change"])
+    def restore_action(self, request: HttpRequest, queryset: QuerySet[Resource]) -> None:
+        self._apply(request, queryset, pool.restore, "Restored", "were not quarantined")
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        extra_context = {**(extra_context or {}), "database_now": database_time(Resource.objects.db)}
+        return super().changelist_view(request, extra_context)
+
+
+def _default_duration() -> int:
+    seconds = int(float(lease_settings.QUARANTINE_SECONDS))
+    return seconds if seconds in dict(QUARANTINE_CHOICES) else 60 * 60
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Pages that only show what machines write: nothing to add, change or delete."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(PoolOverview)
+class PoolOverviewAdmin(ReadOnlyAdmin):
+    """The overview page: per kind, how many resources are free, held, quarantined, and
+    how busy the pool is; and the latest lease events. Visible to whoever may view resources."""
+
+    class Media:
+        css = CSS
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        opts = Resource._meta
+        return any(
+            request.user.has_perm(f"{opts.app_label}.{action}_{opts.model_name}") for action in ("view", "change")
+        )
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        resources_url = reverse(f"{self.admin_site.name}:resource_lease_resource_changelist")
+        kinds = []
+        totals = dict.fromkeys((*pool.STATES, "total"), 0)
+        for kind, states in pool.counts().items():
+            for key, value in states.items():
+                totals[key] += value
+            kinds.append(_overview_row(kind, states, resources_url))
+        context = {
+            **self.admin_site.each_context(request),
+            **(extra_context or {}),
+            "title": "Pool overview",
+            "opts": self.model._meta,
+            "kinds": kinds,
+            "totals": _overview_row("all kinds", totals, resources_url, link_kind=False) if len(kinds) > 1 else None,
+            "events": list(LeaseEvent.objects.order_by("-at", "-id")[:25]),
+            "events_url": reverse(f"{self.admin_site.name}:resource_lease_leaseevent_changelist"),
+            "audit_on": bool(lease_settings.AUDIT),
+            "resources_url": resources_url,
+            "database_now": database_time(Resource.objects.db),
+            "media": self.media,
+        }
+        return TemplateResponse(request, "admin/resource_lease/pooloverview/overview.html", context)
+
+
+def _overview_row(kind: str, states: dict[str, int], resources_url: str, *, link_kind: bool = True) -> dict[str, Any]:
+    # Utilisation: the share of the resources in service (neither quarantined nor disabled)
+    # that are leased now.
+    in_service = states["total"] - states[pool.QUARANTINED] - states[pool.DISABLED]
+    utilisation = round(100 * states[pool.HELD] / in_service) if in_service else None
+
+    def link(state: str | None) -> str:
+        query: dict[str, str] = {}
+        if link_kind:
+            query["kind__exact"] = kind
+        if state:
+            query["state"] = state
+        return f"{resources_url}?{urlencode(query)}" if query else resources_url
+
+    return {
+        "kind": kind,
+        "link": link(None),
+        "cells": [(states[state], link(state), state) for state in (*pool.STATES,)],
+        "total": states["total"],
+        "utilisation": utilisation,
+    }
+
+
+@admin.register(LeaseEvent)
+class LeaseEventAdmin(ReadOnlyAdmin):
+    """The audit trail, read-only (``manage.py prune_lease_events`` deletes old entries)."""
+
+    list_display = ("at", "event_badge", "kind", "name", "holder", "fence", "previous_holder", "actor", "detail")
+    # No filter by kind: listing the kinds would scan the whole (long) trail on every page.
+    list_filter = ("event",)
+    search_fields = ("kind", "name", "holder", "actor")
+    list_per_page = 100
+    # Counting a long trail on every page is slow; the paginator shows "more" instead.
+    show_full_result_count = False
+
+    class Media:
+        css = CSS
+
+    @admin.display(description="event", ordering="event")
+    def event_badge(self, obj: LeaseEvent) -> str:
+        return _badge(obj.event, capfirst(obj.get_event_display()))

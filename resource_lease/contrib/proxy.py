@@ -1,0 +1,127 @@
+"""``ProxyHolder``: hold one working HTTP proxy, checked by a real request through it.
+
+::
+
+    from resource_lease.contrib.proxy import ProxyHolder
+
+    class Crawler(ProxyHolder):
+        probe_url = "https://example.com/"   # what the proxy must be able to fetch
+        probe_timeout = 5
+
+    with Crawler() as holder:
+        proxies = {"http": holder.proxy_url, "https": holder.proxy_url}
+
+A resource's ``data["url"]`` is the proxy: ``http://[user:pass@]host:port`` or ``host:port``.
+The probe speaks to the proxy with ``http.client`` (an absolute-URI GET for an http target,
+a CONNECT tunnel for https), so ``no_proxy`` and other environment settings cannot make it
+bypass the proxy it is meant to test.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from resource_lease.holder import ResourceHolder
+from resource_lease.validation import check_seconds
+
+USER_AGENT = "resource-lease-proxy-probe/1"
+#: Bytes of the answer read to make sure the proxy relays a body, not just a status line.
+READ_LIMIT = 64 * 1024
+
+
+def _check_probe_url(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(
+            f"probe_url must be an http:// or https:// URL (set ProxyHolder.probe_url or pass probe_url=), got {value!r}"
+        )
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"probe_url must be an http:// or https:// URL with a host, got {value!r}")
+    return value
+
+
+def probe_proxy(proxy_url: str, target_url: str, *, timeout: float) -> str | None:
+    """GET ``target_url`` through the HTTP proxy ``proxy_url``; None if it answered 2xx/3xx
+    with a body, else why not (the reason recorded on a quarantined proxy).
+
+    ``timeout`` bounds connecting and each read. The reason names the proxy by host and port
+    only, never its credentials.
+    """
+    proxy = urlsplit(proxy_url if "://" in proxy_url else f"http://{proxy_url}")
+    where = f"{proxy.hostname}:{proxy.port}" if proxy.port else str(proxy.hostname)
+    if proxy.scheme != "http" or not proxy.hostname:
+        return f"unsupported proxy {proxy.scheme}://{where}: the probe speaks to http:// proxies only"
+    target = urlsplit(target_url)
+    auth: dict[str, str] = {}
+    if proxy.username is not None:
+        pair = f"{unquote(proxy.username)}:{unquote(proxy.password or '')}".encode()
+        auth["Proxy-Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
+    conn: http.client.HTTPConnection
+    try:
+        if target.scheme == "https":
+            conn = http.client.HTTPSConnection(proxy.hostname, proxy.port, timeout=timeout)
+            conn.set_tunnel(str(target.hostname), target.port, headers=auth)
+            path = (target.path or "/") + (f"?{target.query}" if target.query else "")
+            conn.request("GET", path, headers={"User-Agent": USER_AGENT})
+        else:
+            conn = http.client.HTTPConnection(proxy.hostname, proxy.port, timeout=timeout)
+            conn.request("GET", target_url, headers={"User-Agent": USER_AGENT, **auth})
+    except (OSError, http.client.HTTPException) as exc:
+        return f"GET {target_url} through proxy {where} failed: {exc or type(exc).__name__}"
+    try:
+        response = conn.getresponse()
+        response.read(READ_LIMIT)
+        if not 200 <= response.status < 400:
+            return f"GET {target_url} through proxy {where} answered HTTP {response.status} {response.reason}".rstrip()
+        return None
+    except (OSError, http.client.HTTPException) as exc:
+        return f"GET {target_url} through proxy {where} failed: {exc or type(exc).__name__}"
+    finally:
+        conn.close()
+
+
+class ProxyHolder(ResourceHolder):
+    """Hold one HTTP proxy that can fetch ``probe_url`` within ``probe_timeout`` seconds.
+
+    A proxy that cannot (refused, timed out, an error status, no ``data["url"]``) is
+    quarantined with the probe's answer as the reason, and the next one is tried.
+    """
+
+    kind = "proxy"
+    #: The URL a good proxy must be able to fetch (required; choose one you may hit often).
+    probe_url: str = ""
+    #: Seconds the probe may wait to connect and for each read.
+    probe_timeout: float = 5.0
+
+    def __init__(self, *, probe_url: str | None = None, probe_timeout: float | None = None, **kwargs: Any) -> None:
+        url = _check_probe_url(type(self).probe_url if probe_url is None else probe_url)
+        timeout = check_seconds(type(self).probe_timeout if probe_timeout is None else probe_timeout, "probe_timeout")
+        super().__init__(**kwargs)
+        self.probe_url = url
+        self.probe_timeout = timeout
+
+    @property
+    def proxy_url(self) -> str | None:
+        """The current resource's proxy URL (its ``data["url"]``)."""
+        resource = self.resource
+        if resource is None or not isinstance(resource.data, dict):
+            return None
+        url = resource.data.get("url")
+        return url if isinstance(url, str) and url else None
+
+    def is_valid(self) -> bool:
+        url = self.proxy_url
+        if url is None:
+            self.invalid_reason = 'the resource has no proxy URL in data["url"]'
+            return False
+        problem = probe_proxy(url, self.probe_url, timeout=self.probe_timeout)
+        if problem is not None:
+            self.invalid_reason = problem
+            return False
+        return True
+
+
+__all__ = ["ProxyHolder", "probe_proxy"]

@@ -1,0 +1,219 @@
+"""The engine's own database connections: one per thread and alias, never the caller's.
+
+A grant must not be undone by the caller's rollback (PITFALLS, scenario 8), and the lease
+statements want session settings (UTC, READ COMMITTED, a bounded lock wait) that are not
+ours to impose on the caller's connection. So every lease statement runs in autocommit on a
+private copy of the alias's Django connection, owned by the calling thread.
+
+A process that forks keeps its parent's sockets: a child must never use, nor close, them
+(closing would send the server a goodbye on the parent's behalf). Connections are tagged with
+the pid that opened them; a child drops them into a graveyard that is never collected, and
+points its copy of their sockets at /dev/null, because the graveyard does not outlive the
+child's interpreter shutdown, nor do the thread-locals of threads that did not survive fork.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from resource_lease.conf import lease_settings
+from resource_lease.db import dialect_class
+from resource_lease.db.base import Dialect, Failure
+from resource_lease.exceptions import LeaseDatabaseError
+
+logger = logging.getLogger("resource_lease")
+
+T = TypeVar("T")
+
+_local = threading.local()
+# Connections inherited across fork(): kept referenced forever so their destructors never
+# run in the child and close the parent's sockets.
+_inherited: list[Any] = []
+# Every open lease connection of every thread, so that a forked child can find them all.
+_live: weakref.WeakSet[LeaseConnection] = weakref.WeakSet()
+# Strong references taken just before fork(): the child clears the thread states of threads
+# that did not survive fork (dropping their thread-locals) before its after-fork hooks run.
+_forking: list[LeaseConnection] = []
+
+
+class Disconnected(Exception):
+    """The connection died during a statement whose outcome is therefore unknown."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class LockWaitTimeout(LeaseDatabaseError):
+    """A statement waited the whole bounded lock wait and was rolled back: nothing changed."""
+
+
+class LeaseConnection:
+    """A private connection to one alias, owned by one thread of one process."""
+
+    def __init__(self, alias: str) -> None:
+        base = connections[alias]
+        settings_dict = dict(base.settings_dict)
+        settings_dict["OPTIONS"] = dict(settings_dict.get("OPTIONS") or {})
+        self.dialect_class = dialect_class(base.vendor)
+        io_timeout = float(lease_settings.LOCK_WAIT_TIMEOUT) + 5.0
+        self.dialect_class.connect_options(settings_dict["OPTIONS"], io_timeout)
+        self.wrapper: BaseDatabaseWrapper = type(base)(settings_dict, alias)
+        self.dialect: Dialect = self.dialect_class(self.wrapper)
+        self.pid = os.getpid()
+        self._session_of: Any = None
+        _live.add(self)
+
+    def cursor(self) -> Any:
+        wrapper = self.wrapper
+        if wrapper.connection is None or self._session_of is not wrapper.connection:
+            wrapper.ensure_connection()
+            self.dialect.setup_session(wrapper.connection, float(lease_settings.LOCK_WAIT_TIMEOUT))
+            self._session_of = wrapper.connection
+        return wrapper.connection.cursor()
+
+    def discard(self) -> None:
+        """Forget a connection that failed; the next statement opens a new one."""
+        raw, self.wrapper.connection, self._session_of = self.wrapper.connection, None, None
+        if raw is not None:
+            try:
+                raw.close()
+            except Exception:  # already broken: nothing more to do with it
+                logger.debug("closing a broken lease connection failed", exc_info=True)
+        self.wrapper.closed_in_transaction = False
+
+    def close(self) -> None:
+        self.discard()
+
+    def disown(self) -> None:
+        """In a forked child: make closing this connection harmless to the parent.
+
+        The child's copy of the socket is pointed at /dev/null, so whatever closes it later
+        (a destructor, interpreter shutdown) says goodbye to /dev/null, not to the server.
+        """
+        raw = self.wrapper.connection
+        if raw is None or not hasattr(raw, "fileno"):
+            return  # not connected, or no socket (SQLite)
+        try:
+            fd = raw.fileno()
+        except Exception:  # already closed: nothing left to protect
+            logger.debug("no socket to disown", exc_info=True)
+            return
+        devnull = os.open(os.devnull, os.O_RDWR)
+        try:
+            os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
+
+
+def _connections() -> dict[str, LeaseConnection]:
+    conns: dict[str, LeaseConnection] | None = getattr(_local, "conns", None)
+    if conns is None:
+        conns = _local.conns = {}
+    return conns
+
+
+def lease_connection(alias: str = DEFAULT_DB_ALIAS) -> LeaseConnection:
+    conns = _connections()
+    conn = conns.get(alias)
+    if conn is not None and conn.pid != os.getpid():
+        _inherited.append(conns.copy())
+        conns.clear()
+        conn = None
+    if conn is None:
+        conn = conns[alias] = LeaseConnection(alias)
+    return conn
+
+
+def close_connections() -> None:
+    """Close this thread's lease connections (threads that end should call it; ours do)."""
+    conns = _connections()
+    if any(conn.pid != os.getpid() for conn in conns.values()):
+        _inherited.append(conns.copy())
+    else:
+        for conn in conns.values():
+            conn.close()
+    conns.clear()
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    # Django wraps driver errors raised while connecting; the driver's error says why.
+    cause = exc.__cause__
+    return cause if cause is not None and type(exc).__module__.startswith("django.") else exc
+
+
+def run(alias: str, statement: Callable[[Dialect, Any], T], *, what: str) -> T:
+    """Run one lease statement in autocommit on this thread's lease connection.
+
+    Transient failures (deadlock, serialization failure) are rolled back by the database and
+    retried here, briefly and with jitter, so callers never see them. A statement that waited
+    out the bounded lock wait raises ``LockWaitTimeout`` (nothing changed) at once. A lost connection is discarded and reported as ``Disconnected``: only the
+    caller knows whether the statement can be repeated or must be settled by reading back.
+    """
+    conn = lease_connection(alias)
+    retries = int(lease_settings.TRANSIENT_RETRIES)
+    for attempt in range(retries + 1):
+        try:
+            cursor = conn.cursor()
+            try:
+                return statement(conn.dialect, cursor)
+            finally:
+                try:
+                    cursor.close()
+                except Exception:  # the statement's own error (if any) is the one that matters
+                    logger.debug("closing a lease cursor failed", exc_info=True)
+        except Exception as exc:
+            error = _unwrap(exc)
+            failure = conn.dialect.classify(error)
+            if failure is Failure.TRANSIENT and attempt < retries:
+                logger.debug("%s: transient database error, retrying: %s", what, error)
+                time.sleep(random.uniform(0.0, 0.002 * 2**attempt))
+                continue
+            if failure is Failure.DISCONNECT:
+                conn.discard()
+                raise Disconnected(error) from exc
+            if failure is Failure.LOCK_TIMEOUT:
+                # Already waited LOCK_WAIT_TIMEOUT: retrying here would multiply the wait
+                # past any ttl; the caller decides.
+                raise LockWaitTimeout(f"{what} waited too long for a row lock on {alias!r}: {error}") from exc
+            raise LeaseDatabaseError(f"{what} failed on database {alias!r}: {error}") from exc
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def run_repeatable(alias: str, statement: Callable[[Dialect, Any], T], *, what: str) -> T:
+    """``run`` for statements that are safe to repeat (renew, release, reads): one reconnect."""
+    try:
+        return run(alias, statement, what=what)
+    except Disconnected:
+        try:
+            return run(alias, statement, what=what)
+        except Disconnected as again:
+            raise LeaseDatabaseError(f"{what}: lost the connection to {alias!r}: {again}") from again.cause
+
+
+def _before_fork() -> None:
+    _forking[:] = list(_live)
+
+
+def _after_fork_in_parent() -> None:
+    _forking.clear()
+
+
+def _after_fork_in_child() -> None:
+    for conn in _forking:
+        conn.disown()
+    _inherited.append(list(_forking))
+    _forking.clear()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)

@@ -1,0 +1,129 @@
+"""MySQL and MariaDB: UPDATE ... ORDER BY ... LIMIT 1, the chosen id handed back by LAST_INSERT_ID.
+
+Neither has UPDATE ... RETURNING. ``SET id = LAST_INSERT_ID(id)`` makes the server put the
+updated row's id in the OK packet (the cursor's ``lastrowid``), so the race is decided by one
+statement on the lease table's own columns (PITFALLS 2) and the row is then read by its
+primary key. rowcount counts matched rows (CLIENT.FOUND_ROWS, PITFALLS 1): every condition
+that decides ownership is in the WHERE.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from resource_lease.db import NOW_SQL
+from resource_lease.db.base import Dialect, Failure, Row
+
+ACQUIRE_INDEX = "resource_lease_acquire_idx"  # models.Resource.Meta.indexes
+
+# Server errors after which the statement was rolled back and can run again.
+_TRANSIENT = {1213, 1614}  # deadlock, transaction branch rolled back
+_LOCK_TIMEOUT = {1205, 1969, 3024}  # innodb_lock_wait_timeout, MariaDB max_statement_time, MySQL max_execution_time
+# Client and server errors meaning the connection is gone.
+_DISCONNECT = {2002, 2003, 2006, 2013, 2026, 2055, 4031, 1053, 1927}
+
+
+class MySQLDialect(Dialect):
+    vendor = "mysql"
+    # UTC whatever the session time zone (PITFALLS 3), with microseconds (PITFALLS 4).
+    now_sql = NOW_SQL["mysql"]
+
+    def expiry_sql(self) -> str:
+        return f"{self.now_sql} + INTERVAL %s MICROSECOND"
+
+    def ttl_param(self, ttl: float) -> Any:
+        return round(ttl * 1_000_000)
+
+    def setup_session(self, raw_connection: Any, lock_wait_timeout: float) -> None:
+        cursor = raw_connection.cursor()
+        try:
+            # READ COMMITTED takes no gap locks, so acquires and releases on the
+            # (kind, busy_before) index deadlock less; a bounded lock wait keeps a
+            # renewal from hanging past its ttl (PITFALLS 7).
+            cursor.execute(
+                "SET SESSION time_zone = '+00:00', SESSION innodb_lock_wait_timeout = %s",
+                (max(1, round(lock_wait_timeout)),),
+            )
+            cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        finally:
+            cursor.close()
+
+    def acquire(self, cursor: Any, *, kind: str, holder: str, token: str, ttl: float) -> Row | None:
+        sql, kind_first = self._acquire_sql()
+        grant = (holder, token, self.ttl_param(ttl))
+        cursor.execute(sql, (kind, *grant) if kind_first else (*grant, kind))
+        if cursor.rowcount != 1:
+            return None
+        cursor.execute(
+            f"SELECT {self.columns} FROM {self.table} WHERE id = %s AND grant_token = %s",
+            (cursor.lastrowid, token),
+        )
+        rows = cursor.fetchall()
+        return rows[0] if rows else None
+
+    def _acquire_sql(self) -> tuple[str, bool]:
+        """The acquire statement, and whether its kind parameter comes first."""
+        cached: tuple[str, bool] | None = getattr(self, "_acquire", None)
+        if cached is not None:
+            return cached
+        # FORCE INDEX and ORDER BY the whole index prefix: without them a small table is
+        # planned as a scan plus filesort that reads and locks every free row of the kind,
+        # so one open transaction on any of them (a fenced write) held up every acquire
+        # (PITFALLS 6).
+        index = f"FORCE INDEX ({ACQUIRE_INDEX})"
+        kind_first = bool(self.connection.features.has_select_for_update_skip_locked)
+        if kind_first:
+            # MariaDB 10.6+ / MySQL 8: the row is chosen by a locking read that skips rows
+            # other acquires are granting, inside the same single statement, so contenders
+            # spread over the free rows instead of queueing behind the first one's commit.
+            # The outer condition re-checks the locked row's current version.
+            # The picked row drives the join (STRAIGHT_JOIN, then r by primary key): joined
+            # the other way round, MariaDB scans and locks every row of the table, waiting on
+            # any row lock held anywhere (a fenced write on another resource).
+            sql = (
+                f"UPDATE (SELECT id FROM {self.table} {index} WHERE {self.free}"
+                f" ORDER BY kind, busy_before LIMIT 1 FOR UPDATE SKIP LOCKED) AS pick"
+                f" STRAIGHT_JOIN {self.table} AS r ON r.id = pick.id"
+                f" SET {self.grant_set}, r.id = LAST_INSERT_ID(r.id) WHERE r.busy_before <= {self.now_sql}"
+            )
+        else:
+            sql = (
+                f"UPDATE {self.table} {index} SET {self.grant_set}, id = LAST_INSERT_ID(id)"
+                f" WHERE {self.free} ORDER BY kind, busy_before LIMIT 1"
+            )
+        self._acquire = (sql, kind_first)
+        return self._acquire
+
+    def renew(self, cursor: Any, *, pk: int, holder: str, fence: int, ttl: float) -> dt.datetime | None:
+        cursor.execute(
+            f"UPDATE {self.table} SET busy_before = {self.expiry_sql()}, renewed_at = {self.now_sql} WHERE {self.ours}",
+            (self.ttl_param(ttl), pk, holder, fence),
+        )
+        if cursor.rowcount != 1:
+            return None
+        # No RETURNING: read the new expiry back (a primary-key read, no commit to wait for).
+        cursor.execute(f"SELECT busy_before FROM {self.table} WHERE id = %s AND fence = %s", (pk, fence))
+        rows = cursor.fetchall()
+        return self.to_datetime(rows[0][0]) if rows else None
+
+    @staticmethod
+    def connect_options(options: dict[str, Any], io_timeout: float) -> None:
+        # A renewal must fail, not hang, when the server stops answering.
+        options.setdefault("connect_timeout", max(1, round(io_timeout)))
+        options.setdefault("read_timeout", max(1, round(io_timeout)))
+        options.setdefault("write_timeout", max(1, round(io_timeout)))
+
+    def classify(self, exc: BaseException) -> Failure:
+        code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+        if code in _TRANSIENT:
+            return Failure.TRANSIENT
+        if code in _LOCK_TIMEOUT:
+            return Failure.LOCK_TIMEOUT
+        if code in _DISCONNECT:
+            return Failure.DISCONNECT
+        import MySQLdb
+
+        if isinstance(exc, MySQLdb.InterfaceError):
+            return Failure.DISCONNECT
+        return Failure.FATAL

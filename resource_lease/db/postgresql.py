@@ -1,0 +1,68 @@
+"""PostgreSQL: UPDATE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from resource_lease.db import NOW_SQL
+from resource_lease.db.base import Dialect, Failure, Row
+
+# SQLSTATEs after which the statement was rolled back and can run again.
+_TRANSIENT = {"40001", "40P01"}  # serialization failure, deadlock
+_LOCK_TIMEOUT = {"55P03", "57014"}  # lock_timeout, statement_timeout
+# Class 08 (connection exception) and the server shutting down or killing the backend.
+_DISCONNECT_PREFIXES = ("08", "57P0")
+
+
+class PostgreSQLDialect(Dialect):
+    vendor = "postgresql"
+    # statement_timestamp() is the statement's start even inside a transaction (now() is
+    # frozen at BEGIN, PITFALLS 3) and, being stable, lets the planner use the index.
+    now_sql = NOW_SQL["postgresql"]
+
+    def expiry_sql(self) -> str:
+        return f"{self.now_sql} + make_interval(secs => %s)"
+
+    def ttl_param(self, ttl: float) -> Any:
+        return float(ttl)
+
+    def setup_session(self, raw_connection: Any, lock_wait_timeout: float) -> None:
+        with raw_connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
+                (f"{int(lock_wait_timeout * 1000)}ms", f"{int(lock_wait_timeout * 2000)}ms"),
+            )
+
+    @staticmethod
+    def connect_options(options: dict[str, Any], io_timeout: float) -> None:
+        options.setdefault("connect_timeout", max(2, round(io_timeout)))
+        # TCP keepalives notice a vanished server while a renewal waits for an answer.
+        options.setdefault("keepalives_idle", max(1, round(io_timeout)))
+        options.setdefault("keepalives_interval", 1)
+        options.setdefault("keepalives_count", 3)
+
+    def acquire(self, cursor: Any, *, kind: str, holder: str, token: str, ttl: float) -> Row | None:
+        # SKIP LOCKED: contenders never queue behind a row another acquire is granting.
+        cursor.execute(
+            f"UPDATE {self.table} SET {self.grant_set}"
+            f" WHERE id = (SELECT id FROM {self.table} WHERE {self.free}"
+            f" ORDER BY busy_before LIMIT 1 FOR UPDATE SKIP LOCKED)"
+            f" RETURNING {self.columns}",
+            (holder, token, self.ttl_param(ttl), kind),
+        )
+        rows = cursor.fetchall()
+        return rows[0] if rows else None
+
+    def classify(self, exc: BaseException) -> Failure:
+        import psycopg
+
+        sqlstate = getattr(exc, "sqlstate", None) or ""
+        if sqlstate in _TRANSIENT:
+            return Failure.TRANSIENT
+        if sqlstate in _LOCK_TIMEOUT:
+            return Failure.LOCK_TIMEOUT
+        if sqlstate.startswith(_DISCONNECT_PREFIXES):
+            return Failure.DISCONNECT
+        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)) and not sqlstate:
+            return Failure.DISCONNECT  # the socket closed under us: no server answer at all
+        return Failure.FATAL

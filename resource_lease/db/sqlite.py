@@ -1,0 +1,44 @@
+"""SQLite: one writer at a time, so UPDATE ... WHERE id = (SELECT ...) RETURNING is atomic."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from resource_lease.db import NOW_SQL
+from resource_lease.db.base import Dialect, Failure, Row
+
+
+class SQLiteDialect(Dialect):
+    vendor = "sqlite"
+    placeholder = "?"
+    single_writer = True
+    # Django stores datetimes as 'YYYY-MM-DD HH:MM:SS.ffffff' text in UTC; this sorts with them.
+    now_sql = NOW_SQL["sqlite"]
+    true = "1"
+
+    def expiry_sql(self) -> str:
+        return "strftime('%Y-%m-%d %H:%M:%f', 'now', ?)"
+
+    def ttl_param(self, ttl: float) -> Any:
+        return f"{float(ttl):+.3f} seconds"
+
+    def acquire(self, cursor: Any, *, kind: str, holder: str, token: str, ttl: float) -> Row | None:
+        cursor.execute(
+            f"UPDATE {self.table} SET {self.grant_set}"
+            f" WHERE id = (SELECT id FROM {self.table} WHERE {self.free} ORDER BY busy_before LIMIT 1)"
+            f" RETURNING {self.columns}",
+            (holder, token, self.ttl_param(ttl), kind),
+        )
+        # Read every row: the implicit transaction (and the write lock) ends only when the
+        # statement has run to completion.
+        rows = cursor.fetchall()
+        return rows[0] if rows else None
+
+    def classify(self, exc: BaseException) -> Failure:
+        # "database table is locked" (shared cache) is immediate and passes; "database is
+        # locked" means the whole busy timeout already ran out, so retrying would only wait
+        # that long again.
+        if isinstance(exc, sqlite3.OperationalError) and "table is locked" in str(exc):
+            return Failure.TRANSIENT
+        return Failure.FATAL

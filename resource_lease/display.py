@@ -1,0 +1,64 @@
+"""What the admin and the commands show of a resource: its state by the database's clock,
+times left in words, the payload's URL with the password masked."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.db.models import QuerySet
+
+from resource_lease.db import DbNow
+from resource_lease.models import Resource
+from resource_lease.pool import database_now, with_state
+from resource_lease.proxy_urls import mask_url
+
+
+def with_display_state(queryset: QuerySet[Resource]) -> QuerySet[Resource]:
+    """``pool.with_state`` plus ``db_now``, the database's time, for quarantine countdowns."""
+    return with_state(queryset).annotate(db_now=DbNow())
+
+
+def database_time(using: str) -> dt.datetime:
+    """The database's clock, read on the caller's own Django connection."""
+    return database_now(using)
+
+
+def quarantine_left(resource: Any) -> dt.timedelta | None:
+    """Time until the quarantine of an annotated resource ends, by the database's clock."""
+    until, now = resource.quarantined_until, getattr(resource, "db_now", None)
+    if until is None or now is None or until <= now:
+        return None
+    return until - now
+
+
+def current_holder(resource: Any) -> str:
+    """The holder of the current grant, live or expired ('' once released: the column keeps the
+    last holder, which is not worth showing as if it held the resource)."""
+    return resource.holder if resource.grant_token else ""
+
+
+def payload_url(resource: Resource) -> str:
+    """The payload's ``url`` with any password masked ('' when there is none)."""
+    data = resource.data if isinstance(resource.data, dict) else {}
+    return mask_url(data.get("url"))
+
+
+def format_duration(value: dt.timedelta | float | None) -> str:
+    """``"45s"``, ``"4m 03s"``, ``"2h 05m"``, ``"3d 04h"``; ``"<1s"`` under a second; '' for None."""
+    if value is None:
+        return ""
+    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
+    if seconds < 1:
+        return "<1s"
+    whole = int(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours:02d}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    if minutes:
+        return f"{minutes}m {secs:02d}s"
+    return f"{secs}s"

@@ -1,0 +1,32 @@
+"""The errors resource_lease raises: one base class and a few precise subclasses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LeaseError(Exception):
+    """Base class of every error raised by resource_lease."""
+
+
+class NoResourceAvailable(LeaseError):
+    """No resource of the requested kind could be leased in time."""
+
+    def __init__(self, message: str, *, kind: str = "", exists: bool = True) -> None:
+        super().__init__(message)
+        self.kind = kind
+        #: False when the kind has no resources at all (so waiting would be pointless).
+        self.exists = exists
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled across processes (multiprocessing, Celery's prefork pool) with its fields;
+        # result backends that rebuild it from the message alone get the defaults.
+        return (type(self), self.args, {"kind": self.kind, "exists": self.exists})
+
+
+class LeaseLost(LeaseError):
+    """The lease is no longer ours: it expired, was released, or another holder took it."""
+
+
+class LeaseDatabaseError(LeaseError):
+    """The database failed in a way the engine could not retry away."""

@@ -1,0 +1,52 @@
+"""``manage.py prune_lease_events [--days N] [--dry-run]``: delete old audit trail entries.
+
+Run it from cron (daily, say). Deletes in small batches so it never holds long locks on a
+table the audit writer keeps inserting into.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, Value
+
+from resource_lease.conf import lease_settings
+from resource_lease.db import DbNow
+from resource_lease.management.commands._arguments import database_argument, positive_days_argument
+from resource_lease.models import LeaseEvent
+
+BATCH = 5000
+
+
+class Command(BaseCommand):
+    help = "Delete lease events (the audit trail) older than --days (default: RESOURCE_LEASE['AUDIT_RETENTION_DAYS'])."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--days", type=positive_days_argument, default=None, help="keep this many days (default: the setting)"
+        )
+        parser.add_argument("--dry-run", action="store_true", help="count what would be deleted; delete nothing")
+        parser.add_argument(
+            "--database", type=database_argument, default=None, help="database alias (default: the lease database)"
+        )
+
+    def handle(self, *args: Any, days: float | None, dry_run: bool, database: str | None, **options: Any) -> None:
+        using = database or str(lease_settings.DATABASE)
+        days = float(lease_settings.AUDIT_RETENTION_DAYS) if days is None else days
+        age = Value(dt.timedelta(days=days), output_field=DurationField())
+        # The cutoff by the database's clock, like everything else the app judges by time.
+        cutoff = ExpressionWrapper(DbNow() - age, output_field=DateTimeField())
+        old = LeaseEvent.objects.using(using).filter(at__lt=cutoff)
+        if dry_run:
+            self.stdout.write(f"Dry run: {old.count()} lease events are older than {days:g} days.")
+            return
+        deleted = 0
+        while True:
+            batch = list(old.order_by("at").values_list("pk", flat=True)[:BATCH])
+            if not batch:
+                break
+            deleted += LeaseEvent.objects.using(using).filter(pk__in=batch).delete()[0]
+        if options.get("verbosity", 1) >= 1:
+            self.stdout.write(f"Deleted {deleted} lease events older than {days:g} days.")

@@ -1,0 +1,141 @@
+"""The lease table: one row per resource, whose ``busy_before`` says until when it is taken."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from django.db import models
+from django.db.models import Q
+
+#: ``busy_before`` of a resource that was never leased: long past, so it is free.
+NEVER = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _never() -> dt.datetime:
+    return NEVER
+
+
+class Resource(models.Model):
+    """A leasable resource (a proxy, an API account, a licence, a GPU).
+
+    Only the lease engine writes ``busy_before``, ``holder``, ``fence``, ``grant_token``,
+    ``acquired_at`` and ``renewed_at``, always with a conditional UPDATE judged by the
+    database's clock.
+    """
+
+    kind = models.CharField(max_length=100, help_text="The pool this resource belongs to.")
+    name = models.CharField(max_length=255, help_text="Unique within its kind.")
+    data = models.JSONField(default=dict, blank=True, help_text="What the resource is (e.g. a proxy URL).")
+    enabled = models.BooleanField(default=True, help_text="A disabled resource is never granted.")
+
+    busy_before = models.DateTimeField(
+        default=_never, help_text="Lease expiry; the resource is free when this is in the past."
+    )
+    holder = models.CharField(max_length=255, blank=True, default="", help_text="Who holds (or last held) it.")
+    fence = models.BigIntegerField(default=0, help_text="Raised by one on every grant; never goes down.")
+    grant_token = models.CharField(
+        max_length=32,
+        blank=True,
+        default="",
+        help_text="Random key of the current grant (empty once released), to settle unknown outcomes.",
+    )
+    acquired_at = models.DateTimeField(null=True, blank=True)
+    renewed_at = models.DateTimeField(null=True, blank=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    quarantined_until = models.DateTimeField(
+        null=True, blank=True, help_text="Out of service until this time (never granted before it)."
+    )
+    quarantine_reason = models.CharField(max_length=500, blank=True, default="")
+
+    took_over = models.BooleanField(
+        default=False, help_text="The last grant took the resource from a holder whose lease had expired unreleased."
+    )
+    previous_holder = models.CharField(max_length=255, blank=True, default="")
+
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["kind", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["kind", "name"], name="resource_lease_kind_name_uniq"),
+            models.CheckConstraint(condition=Q(fence__gte=0), name="resource_lease_fence_not_negative"),
+        ]
+        indexes = [
+            # The acquire scans free rows of one kind, oldest expiry first, and stops at the
+            # first; this index keeps that scan (and the rows it locks) short at any pool size.
+            models.Index(fields=["kind", "busy_before"], name="resource_lease_acquire_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.name}"
+
+
+class LeaseEvent(models.Model):
+    """One entry of the audit trail: a grant, a release, a loss or an operator's action.
+
+    Written in batches by a background thread (``resource_lease.audit``), never on the
+    acquire path, when ``RESOURCE_LEASE["AUDIT"]`` is on. There is no foreign key to
+    ``Resource``: the trail outlives the resources it mentions.
+    """
+
+    GRANTED = "granted"
+    TAKEN_OVER = "taken_over"
+    RELEASED = "released"
+    RELEASE_REFUSED = "release_refused"
+    LOST = "lost"
+    QUARANTINED = "quarantined"
+    RESTORED = "restored"
+    FORCE_RELEASED = "force_released"
+    EVENTS = [
+        (GRANTED, "granted"),
+        # A grant that took a resource whose previous lease had expired unreleased.
+        (TAKEN_OVER, "taken over"),
+        (RELEASED, "released"),
+        # A release that found the lease already expired or taken by another holder.
+        (RELEASE_REFUSED, "release refused"),
+        # The holder's process noticed its lease was gone (renewal refused, deadline passed).
+        (LOST, "lost"),
+        (QUARANTINED, "quarantined"),
+        (RESTORED, "restored"),
+        (FORCE_RELEASED, "force-released"),
+    ]
+
+    at = models.DateTimeField(help_text="When it happened, by the clock of the process that saw it.")
+    event = models.CharField(max_length=20, choices=EVENTS)
+    kind = models.CharField(max_length=100)
+    name = models.CharField(max_length=255)
+    resource_id = models.BigIntegerField(null=True, blank=True)
+    holder = models.CharField(max_length=255, blank=True, default="")
+    fence = models.BigIntegerField(null=True, blank=True)
+    previous_holder = models.CharField(
+        max_length=255, blank=True, default="", help_text="For a take-over: whose expired lease was taken."
+    )
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="For a grant: its expiry (database clock).")
+    actor = models.CharField(max_length=150, blank=True, default="", help_text="Who did an operator's action.")
+    detail = models.CharField(max_length=500, blank=True, default="")
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [
+            # Recent events first (the overview, the admin list) and pruning by age.
+            models.Index(fields=["at"], name="resource_lease_event_at_idx"),
+            # A resource's own history.
+            models.Index(fields=["kind", "name", "at"], name="resource_lease_event_res_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.event} {self.kind}:{self.name}"
+
+
+class PoolOverview(Resource):
+    """The admin's pool overview page (per kind: total, free, held, quarantined, utilisation).
+
+    A proxy of ``Resource`` with no data of its own, so the page has an entry on the admin
+    index like any model.
+    """
+
+    class Meta:
+        proxy = True
+        verbose_name = "pool overview"
+        verbose_name_plural = "pool overview"

@@ -1,0 +1,190 @@
+"""Operations on the pool as a whole: states, counts, quarantine, restore, force release.
+
+All of them are single conditional UPDATEs judged by the database's clock (``DbNow``), so
+they are safe to run while workers lease: none can hand a resource to two holders.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import connections
+from django.db.models import (
+    Case,
+    CharField,
+    Count,
+    DateTimeField,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    Q,
+    QuerySet,
+    Value,
+    When,
+)
+from django.dispatch import Signal
+
+from resource_lease import signals
+from resource_lease.conf import lease_settings
+from resource_lease.db import NOW_SQL, DbNow, as_utc_datetime
+from resource_lease.models import Resource
+from resource_lease.validation import check_alias, check_aware, check_reason, check_seconds
+
+FREE, HELD, EXPIRED, QUARANTINED, DISABLED = "free", "held", "expired", "quarantined", "disabled"
+STATES = (FREE, HELD, EXPIRED, QUARANTINED, DISABLED)
+
+ResourceSet = QuerySet[Resource] | Iterable[Resource | int]
+
+
+def _queryset(resources: ResourceSet, using: str | None) -> QuerySet[Resource]:
+    alias = None if using is None else check_alias(using)
+    if isinstance(resources, QuerySet):
+        _check_queryset(resources, "resources")
+        return resources if alias is None else resources.using(alias)
+    if isinstance(resources, (str, bytes)) or not isinstance(resources, Iterable):
+        raise ValueError(
+            f"resources must be a QuerySet of Resource or an iterable of Resource objects or primary keys,"
+            f" got {resources!r}"
+        )
+    pks = []
+    for item in resources:
+        if isinstance(item, Resource):
+            pks.append(item.pk)
+        elif isinstance(item, int) and not isinstance(item, bool):
+            pks.append(item)
+        else:
+            raise ValueError(f"resources must hold Resource objects or integer primary keys, got {item!r}")
+    return Resource.objects.using(alias or lease_settings.DATABASE).filter(pk__in=pks)
+
+
+def _check_queryset(queryset: Any, name: str) -> None:
+    if not isinstance(queryset, QuerySet) or queryset.model is not Resource:
+        raise ValueError(f"{name} must be a QuerySet of Resource, got {queryset!r}")
+
+
+def _matched(signal: Signal, queryset: QuerySet[Resource]) -> list[Resource]:
+    # What an operation is about to change, for its signal's receivers (the audit trail).
+    # Read only when someone listens, so the operation itself stays one UPDATE.
+    if not signal.has_listeners(Resource):
+        return []
+    return list(queryset.only("pk", "kind", "name", "holder", "fence"))
+
+
+def with_state(queryset: QuerySet[Resource]) -> QuerySet[Resource]:
+    """Annotate ``state`` (one of STATES) and ``time_left`` (lease time left), by the DB's clock."""
+    _check_queryset(queryset, "queryset")
+    now = DbNow()
+    return queryset.annotate(
+        state=Case(
+            When(enabled=False, then=Value(DISABLED)),
+            When(quarantined_until__gt=now, then=Value(QUARANTINED)),
+            When(Q(busy_before__gt=now) & ~Q(grant_token=""), then=Value(HELD)),
+            When(~Q(grant_token=""), then=Value(EXPIRED)),
+            default=Value(FREE),
+            output_field=CharField(),
+        ),
+        time_left=Case(
+            When(
+                Q(busy_before__gt=now) & ~Q(grant_token=""),
+                then=ExpressionWrapper(F("busy_before") - now, output_field=DurationField()),
+            ),
+            default=None,
+            output_field=DurationField(),
+        ),
+    )
+
+
+def counts(queryset: QuerySet[Resource] | None = None) -> dict[str, dict[str, int]]:
+    """``{kind: {state: n, ..., "total": n}}`` for every kind in ``queryset``."""
+    if queryset is None:
+        queryset = Resource.objects.all()
+    _check_queryset(queryset, "queryset")
+    result: dict[str, dict[str, int]] = {}
+    for row in with_state(queryset).order_by().values("kind", "state").annotate(n=Count("pk")):  # type: ignore[misc]
+        per_kind = result.setdefault(row["kind"], {state: 0 for state in STATES} | {"total": 0})
+        per_kind[row["state"]] += row["n"]
+        per_kind["total"] += row["n"]
+    return dict(sorted(result.items()))
+
+
+def quarantine(
+    resources: ResourceSet,
+    *,
+    reason: str,
+    seconds: float | None = None,
+    until: dt.datetime | None = None,
+    using: str | None = None,
+) -> int:
+    """Take resources out of service for ``seconds`` (or ``until`` an aware time) with a reason.
+
+    A free resource is pushed out of the acquire's reach at once; a held one stays with its
+    holder until released, and is then kept out until the quarantine ends. Returns the count.
+    """
+    reason = check_reason(reason)
+    if (seconds is None) == (until is None):
+        raise ValueError("quarantine needs exactly one of seconds or until")
+    end: Any
+    if seconds is not None:
+        length = Value(dt.timedelta(seconds=check_seconds(seconds, "seconds")), output_field=DurationField())
+        end = ExpressionWrapper(DbNow() + length, output_field=DateTimeField())
+    else:
+        end = Value(check_aware(until, "until"), output_field=DateTimeField())
+    free = Q(busy_before__lte=DbNow())
+    queryset = _queryset(resources, using)
+    matched = _matched(signals.resources_quarantined, queryset)
+    # MySQL assigns left to right with updated values: decide on grant_token before
+    # busy_before moves.
+    count = queryset.update(
+        grant_token=Case(When(free, then=Value("")), default=F("grant_token")),
+        busy_before=Case(When(free, then=end), default=F("busy_before")),
+        quarantined_until=end,
+        quarantine_reason=reason,
+    )
+    signals.resources_quarantined.send(
+        sender=Resource, resources=matched, count=count, reason=reason, seconds=seconds, until=until, using=queryset.db
+    )
+    return count
+
+
+def restore(resources: ResourceSet, *, using: str | None = None) -> int:
+    """End the quarantine of resources now. Returns how many were quarantined."""
+    now = DbNow()
+    queryset = _queryset(resources, using).filter(quarantined_until__isnull=False)
+    matched = _matched(signals.resources_restored, queryset)
+    count = queryset.update(
+        quarantined_until=None,
+        quarantine_reason="",
+        # Only a quarantine pushed busy_before of a row with no live grant; undo just that.
+        busy_before=Case(When(Q(grant_token="") & Q(busy_before__gt=now), then=now), default=F("busy_before")),
+    )
+    signals.resources_restored.send(sender=Resource, resources=matched, count=count, using=queryset.db)
+    return count
+
+
+def force_release(resources: ResourceSet, *, using: str | None = None) -> int:
+    """Free resources whose lease is live, whoever holds them (an operator's action).
+
+    The holder's next renewal or fenced write is refused. Returns how many were freed.
+    """
+    now = DbNow()
+    queryset = _queryset(resources, using).filter(busy_before__gt=now).exclude(grant_token="")
+    matched = _matched(signals.resources_force_released, queryset)
+    count = queryset.update(
+        busy_before=Case(When(quarantined_until__gt=now, then=F("quarantined_until")), default=now),
+        released_at=now,
+        grant_token="",
+    )
+    signals.resources_force_released.send(sender=Resource, resources=matched, count=count, using=queryset.db)
+    return count
+
+
+def database_now(using: str = "default") -> dt.datetime:
+    """The database's current time (UTC), read on the caller's own Django connection."""
+    connection = connections[check_alias(using)]
+    with connection.cursor() as cursor:
+        # Parameters given (none), so every driver reads %% as a literal %.
+        cursor.execute(f"SELECT {NOW_SQL[connection.vendor]}".replace("%", "%%"), [])
+        (value,) = cursor.fetchone()
+    return as_utc_datetime(value)

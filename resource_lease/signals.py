@@ -1,0 +1,28 @@
+"""Signals sent by the lease engine (sender is always ``Resource``).
+
+Receivers run synchronously in the thread that granted, released or lost the lease, so they
+must be quick; the audit trail buffers and writes in the background. With no receivers a
+signal costs next to nothing on the acquire path.
+"""
+
+from __future__ import annotations
+
+from django.dispatch import Signal
+
+#: A grant: ``lease`` (its ``resource.took_over`` says whether it took an expired lease).
+lease_granted = Signal()
+#: A release: ``lease`` and ``released`` (False when it had expired or been taken).
+lease_released = Signal()
+#: A loss noticed by this process: ``lease`` and ``reason``.
+lease_lost = Signal()
+
+# Operators' pool operations (``resource_lease.pool``). ``resources`` lists the rows the
+# operation matched, read just before its UPDATE and only when the signal has receivers
+# (otherwise it is empty); ``count`` is how many rows the UPDATE changed; ``using`` the alias.
+
+#: ``quarantine()``: also ``reason``, and ``seconds`` or ``until`` as given.
+resources_quarantined = Signal()
+#: ``restore()``.
+resources_restored = Signal()
+#: ``force_release()``: ``resources`` carry the holder and fence that were cut off.
+resources_force_released = Signal()

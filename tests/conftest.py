@@ -1,0 +1,83 @@
+"""Shared fixtures: a pool of resources, and worker processes on the test database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from resource_lease.db.connections import close_connections
+from resource_lease.models import Resource
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def vendor() -> str:
+    return connection.vendor
+
+
+@pytest.fixture
+def make_pool(transactional_db: None) -> Callable[..., list[Resource]]:
+    """``make_pool(kind, n, **fields)``: n committed resources named ``<kind>-<i>``."""
+
+    def make(kind: str = "proxy", n: int = 3, **fields: Any) -> list[Resource]:
+        rows = [
+            Resource(kind=kind, name=f"{kind}-{i}", data={"url": f"http://10.0.0.{i}:8080"}, **fields) for i in range(n)
+        ]
+        Resource.objects.bulk_create(rows)
+        return list(Resource.objects.filter(kind=kind).order_by("name"))
+
+    return make
+
+
+@pytest.fixture(autouse=True)
+def _close_lease_connections() -> Iterator[None]:
+    # The engine's private connections must not outlive a test (the test database is
+    # flushed or dropped behind them).
+    yield
+    close_connections()
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    """Environment for a child process that must use the current test database."""
+    env = dict(os.environ)
+    env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    env["RESOURCE_LEASE_TEST_DB_NAME"] = str(connection.settings_dict["NAME"])
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def spawn(module: str, *args: str, env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen[str]:
+    """Start ``python -m <module> <args>`` on the test database."""
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        env=env or worker_env(),
+        cwd=REPO,
+        text=True,
+        **popen,
+    )
+
+
+@pytest.fixture
+def spawn_worker() -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Like ``spawn``, and every process still alive at the end of the test is killed."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(module: str, *args: str, **kwargs: Any) -> subprocess.Popen[str]:
+        proc = spawn(module, *args, **kwargs)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)

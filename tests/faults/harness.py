@@ -1,0 +1,588 @@
+"""Tools the fault scenarios share.
+
+- ``Child``: a worker process that reports JSON lines on stdout and takes commands on stdin.
+- ``Grant`` and ``exclusion_violations``: the invariant "no two processes trust one resource
+  at the same instant", checked on the host's monotonic clock, which every process on the
+  machine shares (CLOCK_MONOTONIC), so intervals reported by different processes compare.
+- ``CutProxy``: a TCP proxy that lets a statement reach the server and then cuts the
+  connection before the answer comes back (a commit whose outcome the client cannot know).
+- Database-server operations: end one session from the server side, restart the server.
+- ``long_seconds``/``rounds``: the short (CI) and long (``RESOURCE_LEASE_FAULTS_SECONDS``) runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# libfaketime (Debian package faketime), the variant for multi-threaded programs.
+LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")
+FAKETIME_SITE = Path(__file__).resolve().parent / "faketime_site"
+REPO = Path(__file__).resolve().parents[2]
+
+
+# -- short and long runs ---------------------------------------------------------------
+
+
+def long_seconds() -> float:
+    """Seconds each scenario runs for in the long version; 0 for the short (CI) version."""
+    raw = os.environ.get("RESOURCE_LEASE_FAULTS_SECONDS", "").strip()
+    if not raw:
+        return 0.0
+    value = float(raw)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"RESOURCE_LEASE_FAULTS_SECONDS must be a number of seconds >= 0, got {raw!r}")
+    return value
+
+
+def rounds(short: int, per_second: float) -> int:
+    """How many times to repeat a fault: ``short`` in CI, scaled to the long run's length."""
+    seconds = long_seconds()
+    return max(short, int(seconds * per_second)) if seconds else short
+
+
+def duration(short: float) -> float:
+    """How long a timed scenario runs: ``short`` in CI, the long run's length otherwise."""
+    return max(short, long_seconds())
+
+
+# -- figures ---------------------------------------------------------------------------
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank quantile (q in [0, 1]); NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def spread(name: str, values: Sequence[float]) -> dict[str, float]:
+    """``{name_p50, name_max}`` in seconds, for a figures line."""
+    return {f"{name}_p50": quantile(values, 0.5), f"{name}_max": max(values) if values else math.nan}
+
+
+# -- child processes -------------------------------------------------------------------
+
+
+class Child:
+    """A worker process speaking JSON lines: events on stdout, commands on stdin."""
+
+    def __init__(self, proc: subprocess.Popen[str], name: str) -> None:
+        self.proc = proc
+        self.name = name
+        self.events: list[dict[str, Any]] = []
+        self._cond = threading.Condition()
+        self._next_id = 0
+        self._reader = threading.Thread(target=self._read, name=f"read-{name}", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                event = {"ev": "text", "line": line.rstrip("\n")}
+            if not isinstance(event, dict):
+                event = {"ev": "text", "line": line.rstrip("\n")}
+            event["t_seen"] = time.monotonic()
+            with self._cond:
+                self.events.append(event)
+                self._cond.notify_all()
+        with self._cond:
+            self.events.append({"ev": "eof", "t_seen": time.monotonic()})
+            self._cond.notify_all()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def mark(self) -> int:
+        """A position in the event list: ``wait_for(..., since=mark)`` sees only later events."""
+        with self._cond:
+            return len(self.events)
+
+    def of(self, ev: str) -> list[dict[str, Any]]:
+        with self._cond:
+            return [e for e in self.events if e.get("ev") == ev]
+
+    def wait_for(
+        self,
+        ev: str,
+        *,
+        timeout: float = 30.0,
+        since: int = 0,
+        where: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> dict[str, Any]:
+        """The first event named ``ev`` at or after ``since`` (matching ``where``)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for event in self.events[since:]:
+                    if event.get("ev") == ev and (where is None or where(event)):
+                        return event
+                    if event.get("ev") == "eof":
+                        raise AssertionError(f"{self.name} exited (rc={self.proc.poll()}) before {ev!r}: {self.tail()}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"{self.name}: no {ev!r} within {timeout:g}s: {self.tail()}")
+                self._cond.wait(min(left, 0.5))
+
+    def tail(self, n: int = 8) -> list[dict[str, Any]]:
+        return self.events[-n:]
+
+    def send(self, *words: Any) -> int:
+        """Send one command line without waiting; ``reply(ident)`` waits for its answer."""
+        assert self.proc.stdin is not None
+        with self._cond:
+            self._next_id += 1
+            ident = self._next_id
+        self.proc.stdin.write(" ".join([str(ident), *map(str, words)]) + "\n")
+        self.proc.stdin.flush()
+        return ident
+
+    def reply(self, ident: int, timeout: float = 30.0) -> dict[str, Any]:
+        return self.wait_for("reply", timeout=timeout, where=lambda e: e.get("id") == ident)
+
+    def command(self, *words: Any, timeout: float = 30.0) -> dict[str, Any]:
+        """Send one command line and wait for its reply."""
+        return self.reply(self.send(*words), timeout)
+
+    def signal(self, sig: int) -> float:
+        """Send ``sig``; return the monotonic time it was sent."""
+        now = time.monotonic()
+        os.kill(self.proc.pid, sig)
+        return now
+
+    def stop(self) -> float:
+        return self.signal(signal.SIGSTOP)
+
+    def cont(self) -> float:
+        return self.signal(signal.SIGCONT)
+
+    def kill(self) -> float:
+        """SIGKILL, and reap the process; returns when it was sent."""
+        sent = self.signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        return sent
+
+    def finish(self, timeout: float = 30.0) -> int:
+        """Close stdin (the child exits at end of input) and wait for it."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
+        return self.proc.wait(timeout=timeout)
+
+
+def faketime_env(offset: str) -> dict[str, str]:
+    """Environment that runs a child under libfaketime with its wall clock moved by
+    ``offset`` (e.g. ``"+5h"``).
+
+    The monotonic clock is left alone: under libfaketime 0.9.10 a faked monotonic clock
+    makes Python's lock and condition waits hang. faketime_site/ works around its broken
+    ``time.sleep()``.
+    """
+    return {
+        "LD_PRELOAD": str(LIBFAKETIME),
+        "FAKETIME": offset,
+        "FAKETIME_NO_CACHE": "1",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        "PYTHONPATH": os.pathsep.join([str(FAKETIME_SITE), str(REPO)]),
+    }
+
+
+# -- the exclusion invariant -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One process trusting one resource from ``start`` to ``end`` (host monotonic seconds).
+
+    ``start`` is when the grant's answer was received, ``end`` when the holder stopped
+    trusting it: the release was sent, the process was killed, or its local deadline passed.
+    """
+
+    pk: int
+    fence: int
+    who: str
+    start: float
+    end: float
+
+
+def exclusion_violations(grants: Iterable[Grant]) -> list[str]:
+    """Every pair of grants of one resource that overlap, and every fence that went backwards."""
+    found: list[str] = []
+    by_pk: dict[int, list[Grant]] = {}
+    for grant in grants:
+        by_pk.setdefault(grant.pk, []).append(grant)
+    for pk, items in by_pk.items():
+        items.sort(key=lambda g: g.fence)
+        for prev, nxt in zip(items, items[1:], strict=False):
+            if nxt.fence == prev.fence:
+                found.append(f"resource {pk}: fence {prev.fence} granted twice ({prev.who}, {nxt.who})")
+            elif nxt.start < prev.start:
+                found.append(f"resource {pk}: fence {nxt.fence} ({nxt.who}) granted before fence {prev.fence}")
+            elif nxt.start < prev.end:
+                found.append(
+                    f"resource {pk}: {nxt.who} got fence {nxt.fence} {prev.end - nxt.start:.3f}s before"
+                    f" {prev.who} (fence {prev.fence}) stopped trusting it"
+                )
+    return found
+
+
+# -- a TCP proxy that loses answers ----------------------------------------------------
+
+
+class CutProxy:
+    """Forward TCP connections to a database server; when armed, cut one connection after
+    the server has answered a chosen statement, before the client sees the answer.
+
+    The statement is recognised by byte patterns in one client-to-server packet (the SQL text
+    travels in clear on a local connection without TLS). The server runs it to the end (an
+    autocommit statement has committed when its answer is sent); the client gets a dropped
+    connection: the outcome is unknown to it.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._patterns: tuple[bytes, ...] | None = None
+        self._lock = threading.Lock()
+        self.cuts: queue.Queue[float] = queue.Queue()
+        self._socks: list[socket.socket] = []
+        self._closed = False
+        threading.Thread(target=self._accept, name="cut-proxy", daemon=True).start()
+
+    def arm(self, *patterns: bytes) -> None:
+        """Cut the next connection whose client sends one packet containing all ``patterns``."""
+        with self._lock:
+            self._patterns = patterns
+
+    def _take(self, data: bytes) -> bool:
+        with self._lock:
+            if self._patterns is not None and all(p in data for p in self._patterns):
+                self._patterns = None
+                return True
+        return False
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.target, timeout=10)
+            except OSError:
+                client.close()
+                continue
+            server.settimeout(None)
+            self._socks += [client, server]
+            state = {"cut": False}
+            threading.Thread(target=self._pump_up, args=(client, server, state), daemon=True).start()
+            threading.Thread(target=self._pump_down, args=(server, client, state), daemon=True).start()
+
+    def _pump_up(self, client: socket.socket, server: socket.socket, state: dict[str, bool]) -> None:
+        try:
+            while data := client.recv(65536):
+                if self._take(data):
+                    state["cut"] = True  # set before the server can answer
+                server.sendall(data)
+        except OSError:
+            pass
+        self._close(client, server)
+
+    def _pump_down(self, server: socket.socket, client: socket.socket, state: dict[str, bool]) -> None:
+        try:
+            while data := server.recv(65536):
+                if state["cut"]:
+                    # The answer to the chosen statement: swallow it and hang up on both sides.
+                    self._close(client, server)
+                    self.cuts.put(time.monotonic())
+                    return
+                client.sendall(data)
+        except OSError:
+            pass
+        self._close(client, server)
+
+    @staticmethod
+    def _close(*socks: socket.socket) -> None:
+        for sock in socks:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+        self._close(*self._socks)
+
+
+# -- the database server ---------------------------------------------------------------
+
+
+def end_session(session_id: int) -> None:
+    """End one database session from the server side (``KILL`` / ``pg_terminate_backend``)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute(f"KILL CONNECTION {int(session_id)}")
+        else:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [int(session_id)])
+
+
+def _run(*argv: str, timeout: float = 60) -> None:
+    subprocess.run(argv, check=True, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def server_answers(vendor: str) -> bool:
+    """Whether the local server of ``vendor`` accepts a connection and a query now."""
+    if vendor == "mysql":
+        argv = ["mysqladmin", "-uroot", "-h127.0.0.1", "--connect-timeout=2", "ping"]
+    else:
+        argv = ["psql", "-h127.0.0.1", "-Upostgres", "-d", "postgres", "-Atc", "SELECT 1"]
+    env = dict(os.environ, PGCONNECT_TIMEOUT="2")
+    result = subprocess.run(argv, capture_output=True, timeout=15, env=env, check=False)
+    return result.returncode == 0
+
+
+def wait_until_answers(vendor: str, timeout: float = 120.0) -> float:
+    """Wait until the server answers; return how long that took."""
+    started = time.monotonic()
+    while not server_answers(vendor):
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"the {vendor} server did not answer within {timeout:g}s")
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+def _pg_version() -> str:
+    return sorted(os.listdir("/etc/postgresql"))[-1]
+
+
+def _mariadb_pid() -> int | None:
+    try:
+        pid = int(Path("/run/mysqld/mysqld.pid").read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid
+
+
+def start_server(vendor: str) -> None:
+    """Start the local server (the commands of SERVICES.md); no-op if it is running."""
+    if vendor == "mysql":
+        _run("start-stop-daemon", "--start", "--oknodo", "--background", "--exec", "/usr/sbin/mariadbd")
+    else:
+        _run("pg_ctlcluster", "--skip-systemctl-redirect", _pg_version(), "main", "start", timeout=120)
+
+
+def restart_server(vendor: str) -> float:
+    """Stop and start the local server; return seconds until it answered again."""
+    started = time.monotonic()
+    if vendor == "mysql":
+        pid = _mariadb_pid()
+        _run("mysqladmin", "-uroot", "--protocol=socket", "shutdown", timeout=120)
+        while pid is not None and _pid_alive(pid):
+            if time.monotonic() - started > 120:
+                raise AssertionError("mariadbd did not stop within 120s")
+            time.sleep(0.05)
+        start_server(vendor)
+    else:
+        _run("pg_ctlcluster", "--skip-systemctl-redirect", _pg_version(), "main", "restart", timeout=120)
+    wait_until_answers(vendor)
+    return time.monotonic() - started
+
+
+def ensure_server_up(vendor: str) -> None:
+    """Bring the server back whatever happened (called from ``finally``)."""
+    if server_answers(vendor):
+        return
+    start_server(vendor)
+    wait_until_answers(vendor)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def have_server_tools(vendor: str) -> bool:
+    tools = ["mysqladmin", "start-stop-daemon"] if vendor == "mysql" else ["pg_ctlcluster", "psql"]
+    return all(shutil.which(tool) for tool in tools) and os.geteuid() == 0
+
+
+# -- the table -------------------------------------------------------------------------
+
+
+def table_snapshot() -> list[tuple[Any, ...]]:
+    """Every column of every resource row, in primary-key order (to prove nothing was written)."""
+    from resource_lease.models import Resource
+
+    names = [f.attname for f in Resource._meta.concrete_fields]
+    return list(Resource.objects.order_by("pk").values_list(*names))
+
+
+def poll_acquire(
+    kind: str, *, ttl: float, timeout: float, pause: float = 0.02, **kwargs: Any
+) -> tuple[Any, float, float]:
+    """Try ``acquire(kind, timeout=0)`` every ``pause`` seconds until it succeeds.
+
+    Returns (lease, monotonic time the successful attempt was sent, time it was received),
+    so a takeover is timed to within one pause, not one backoff step.
+    """
+    from resource_lease import acquire
+    from resource_lease.exceptions import NoResourceAvailable
+
+    deadline = time.monotonic() + timeout
+    while True:
+        sent = time.monotonic()
+        try:
+            lease = acquire(kind, ttl=ttl, timeout=0, **kwargs)
+        except NoResourceAvailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(pause)
+            continue
+        return lease, sent, time.monotonic()
+
+
+@dataclass
+class ChurnResult:
+    """What a set of churn workers (procs/churn.py) reported, put together."""
+
+    grants: list[Grant]
+    db_grants: list[tuple[int, int, Any, Any]]
+    latencies: list[float]
+    counts: dict[str, int]
+    retried: dict[str, int]
+    errors: list[str]
+
+    @property
+    def violations(self) -> list[str]:
+        found = exclusion_violations(self.grants) + db_overlaps(self.db_grants)
+        found += [f"unexpected error: {e}" for e in self.errors]
+        if self.counts.get("release_refused"):
+            found.append(f"{self.counts['release_refused']} releases refused (a lease lost while held)")
+        return found
+
+
+def db_overlaps(grants: Iterable[tuple[int, int, Any, Any]]) -> list[str]:
+    """Grants (pk, fence, acquired_at, expires_at by the database's clock) that began before
+    the previous grant of the same resource had expired or been released. ``expires_at`` is
+    the first expiry granted; later renewals or the release may move it, so this only checks
+    that a grant never starts before its predecessor was even granted."""
+    found: list[str] = []
+    by_pk: dict[int, list[tuple[int, Any]]] = {}
+    for pk, fence, acquired_at, _ in grants:
+        by_pk.setdefault(pk, []).append((fence, acquired_at))
+    for pk, items in by_pk.items():
+        items.sort()
+        for (f1, a1), (f2, a2) in zip(items, items[1:], strict=False):
+            if a2 < a1:
+                found.append(f"resource {pk}: fence {f2} granted at {a2}, before fence {f1} at {a1}")
+    return found
+
+
+def run_churn(
+    start_child: Callable[..., Child],
+    *,
+    kind: str,
+    workers: int,
+    seconds: float,
+    ttl: float,
+    hold: float = 0.02,
+    fenced: bool = False,
+    env: dict[str, str] | None = None,
+    envs: Sequence[dict[str, str]] = (),
+) -> ChurnResult:
+    """Run ``workers`` churn processes on ``kind`` for ``seconds``, all starting together.
+
+    ``envs`` gives per-worker environment additions (cycled), e.g. skewed clocks.
+    """
+    import datetime as dt
+
+    children = []
+    for i in range(workers):
+        extra = dict(env or {})
+        if envs:
+            extra.update(envs[i % len(envs)])
+        flags = ["--fenced"] if fenced else []
+        children.append(
+            start_child("churn", "--kind", kind, "--seconds", seconds, "--ttl", ttl, "--hold", hold, *flags, env=extra)
+        )
+    for child in children:
+        child.wait_for("ready", timeout=60)
+    for child in children:
+        child.send("go")
+    result = ChurnResult([], [], [], {}, {}, [])
+    for child in children:
+        done = child.wait_for("done", timeout=seconds + 60)
+        for pk, fence, start, end, acquired_at, expires_at in done["grants"]:
+            result.grants.append(Grant(pk, fence, done["worker"], start, end))
+            result.db_grants.append(
+                (pk, fence, dt.datetime.fromisoformat(acquired_at), dt.datetime.fromisoformat(expires_at))
+            )
+        result.latencies += done["latencies"]
+        for name, n in done["counts"].items():
+            result.counts[name] = result.counts.get(name, 0) + n
+        for name, n in done["retried"].items():
+            result.retried[name] = result.retried.get(name, 0) + n
+        result.errors += done["errors"]
+        child.finish()
+    return result
+
+
+def exclusion_race(
+    spawn_worker: Callable[..., subprocess.Popen[str]],
+    directory: Path,
+    *,
+    kind: str,
+    workers: int,
+    seconds: float,
+    naive: bool = False,
+    envs: Sequence[dict[str, str]] = ({},),
+    ttl: float = 10.0,
+) -> tuple[Any, int]:
+    """Race ``workers`` processes of the core suite's exclusion worker (tests/procs/exclusion.py)
+    on ``kind`` and judge their ledger with tests/ledger.py. ``envs`` (cycled) adds per-worker
+    environment, e.g. a skewed clock. Returns (verdict, number of workers that failed)."""
+    from tests.conftest import worker_env
+    from tests.ledger import check
+
+    args = ["--kind", kind, "--dir", str(directory), "--seconds", str(seconds), "--ttl", str(ttl)]
+    procs = [
+        spawn_worker(
+            "tests.procs.exclusion",
+            *args,
+            *(["--naive"] if naive else []),
+            env=worker_env(DJANGO_SETTINGS_MODULE="tests.faults.settings", **envs[i % len(envs)]),
+        )
+        for i in range(workers)
+    ]
+    failed = sum(proc.wait(timeout=seconds + 120) != 0 for proc in procs)
+    return check(directory), failed

@@ -1,0 +1,288 @@
+"""The admin, through Django's test client: list, filters, actions, permissions, overview."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.contrib.admin import site
+from django.contrib.auth.models import Permission, User
+from django.test import Client, override_settings
+
+from resource_lease import LeaseLost, acquire, audit
+from resource_lease.admin import ResourceAdmin
+from resource_lease.models import LeaseEvent, Resource
+from resource_lease.pool import quarantine
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LIST = "/admin/resource_lease/resource/"
+OVERVIEW = "/admin/resource_lease/pooloverview/"
+EVENTS = "/admin/resource_lease/leaseevent/"
+
+
+@pytest.fixture
+def staff(django_user_model: type[User]) -> Callable[..., Client]:
+    """``staff(*perms, superuser=False)``: a logged-in client of a staff user with those perms."""
+
+    def login(*perms: str, superuser: bool = False) -> Client:
+        name = f"user{User.objects.count()}"
+        if superuser:
+            user = django_user_model.objects.create_superuser(name, f"{name}@example.com", "pw")
+        else:
+            user = django_user_model.objects.create_user(name, f"{name}@example.com", "pw", is_staff=True)
+            user.user_permissions.set(Permission.objects.filter(codename__in=perms))
+        client = Client()
+        client.force_login(user)
+        return client
+
+    return login
+
+
+def rows(html: str) -> dict[str, str]:
+    """The list's rows by resource name (the row's HTML, without its line-break hints)."""
+    html = html.replace("<wbr>", "")
+    found = {}
+    for row in re.findall(r"<tr[^>]*>.*?</tr>", html, flags=re.S):
+        name = re.search(r'<th class="field-name"><a [^>]*>([^<]+)</a>', row)
+        if name:
+            found[name.group(1)] = row
+    return found
+
+
+def state_of(row: str) -> str:
+    match = re.search(r'class="rl-badge rl-(\w+)"', row)
+    assert match, row
+    return match.group(1)
+
+
+def messages_of(response: Any) -> list[str]:
+    return [str(m) for m in response.context["messages"]]
+
+
+def act(client: Client, action: str, resources: list[Resource], **extra: str) -> Any:
+    data = {"action": action, "_selected_action": [str(r.pk) for r in resources], "index": "0", **extra}
+    return client.post(LIST, data, follow=True)
+
+
+@pytest.fixture
+def pool(make_pool: Any) -> dict[str, Any]:
+    """proxy-0 held, proxy-1 quarantined, proxy-2 free, proxy-3 expired; gpu-0 free."""
+    make_pool("proxy", 4)
+    make_pool("gpu", 1)
+    Resource.objects.filter(name="proxy-0").update(data={"url": "socks5://alice:hunter2@10.0.0.1:1080"})
+    for name, holder, ttl in (("proxy-3", "vanished", 0.2), ("proxy-0", "crawler-1", 120)):
+        Resource.objects.exclude(name=name).update(enabled=False)  # steer the acquire
+        lease = acquire("proxy", ttl=ttl, holder=holder)
+        Resource.objects.update(enabled=True)
+    time.sleep(0.4)  # proxy-3's lease runs out
+    quarantine(Resource.objects.filter(name="proxy-1"), reason="slow exit", seconds=3600)
+    return {"lease": lease}
+
+
+def test_the_list_shows_state_holder_fence_time_left_and_a_masked_url(pool: dict[str, Any], staff: Any) -> None:
+    response = staff(superuser=True).get(LIST)
+    html = response.content.decode()
+    by_name = rows(html)
+
+    assert {name: state_of(row) for name, row in by_name.items()} == {
+        "proxy-0": "held",
+        "proxy-1": "quarantined",
+        "proxy-2": "free",
+        "proxy-3": "expired",
+        "gpu-0": "free",
+    }
+    held = by_name["proxy-0"]
+    assert "crawler-1" in held
+    assert f'<td class="field-fence">{pool["lease"].fence}</td>' in held
+    assert re.search(r'field-time_left_display">(1m \d\ds|2m 00s)<', held)  # 120 s by the database's clock
+    assert "socks5://alice:***@10.0.0.1:1080" in held
+    assert "hunter2" not in html
+    assert "slow exit" in by_name["proxy-1"] and re.search(r"(59m \d\ds|1h 00m) left", by_name["proxy-1"])
+    assert "vanished" in by_name["proxy-3"]
+    assert "States and times left by the database&#x27;s clock" in html or "database's clock" in html
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("state=held", {"proxy-0"}),
+        ("state=free", {"proxy-2", "gpu-0"}),
+        ("state=quarantined", {"proxy-1"}),
+        ("state=expired", {"proxy-3"}),
+        ("kind__exact=gpu", {"gpu-0"}),
+        ("kind__exact=proxy&state=free", {"proxy-2"}),
+        ("q=crawler-1", {"proxy-0"}),
+        ("q=proxy-2", {"proxy-2"}),
+    ],
+)
+def test_filters_and_search(pool: dict[str, Any], staff: Any, query: str, expected: set[str]) -> None:
+    response = staff(superuser=True).get(f"{LIST}?{query}")
+    assert response.status_code == 200
+    assert set(rows(response.content.decode())) == expected
+
+
+def test_force_release_frees_a_held_resource_and_its_holder_loses_it(pool: dict[str, Any], staff: Any) -> None:
+    lease = pool["lease"]
+    free = Resource.objects.get(name="proxy-2")
+
+    response = act(staff(superuser=True), "force_release_action", [lease.resource, free])
+
+    assert messages_of(response) == ["Force-released 1 resource; 1 of the 2 selected had no live lease."]
+    assert state_of(rows(response.content.decode())["proxy-0"]) == "free"
+    assert not lease.is_held()
+    with pytest.raises(LeaseLost):
+        lease.renew()
+
+
+def test_quarantine_asks_for_a_time_and_a_reason_first(pool: dict[str, Any], staff: Any) -> None:
+    client = staff(superuser=True)
+    targets = list(Resource.objects.filter(name__in=["proxy-0", "proxy-2"]))
+
+    form = act(client, "quarantine_action", targets)
+    assert form.templates[0].name == "admin/resource_lease/resource/quarantine.html"
+    assert "Quarantine for" in form.content.decode()
+    assert Resource.objects.filter(quarantined_until__isnull=False).count() == 1  # nothing yet
+
+    missing_reason = act(client, "quarantine_action", targets, apply="1", duration="900", reason="")
+    assert "This field is required" in missing_reason.content.decode()
+    assert Resource.objects.filter(quarantined_until__isnull=False).count() == 1
+
+    done = act(client, "quarantine_action", targets, apply="1", duration="900", reason="bad exit IP")
+    [message] = messages_of(done)
+    assert message.startswith("Quarantined 2 resources for 15 minutes: bad exit IP. 1 is leased right now")
+    by_name = rows(done.content.decode())
+    assert state_of(by_name["proxy-0"]) == state_of(by_name["proxy-2"]) == "quarantined"
+    assert "bad exit IP" in by_name["proxy-2"]
+    assert pool["lease"].is_held()  # the holder keeps it until it releases
+
+
+def test_restore_ends_a_quarantine(pool: dict[str, Any], staff: Any) -> None:
+    targets = list(Resource.objects.filter(name__in=["proxy-1", "proxy-2"]))
+    response = act(staff(superuser=True), "restore_action", targets)
+    assert messages_of(response) == ["Restored 1 resource; 1 of the 2 selected were not quarantined."]
+    assert state_of(rows(response.content.decode())["proxy-1"]) == "free"
+    assert acquire("proxy", ttl=5, timeout=0).release()
+
+
+def test_staff_without_change_permission_can_look_but_not_act(pool: dict[str, Any], staff: Any) -> None:
+    client = staff("view_resource")
+    lease = pool["lease"]
+    page = client.get(LIST)
+    assert page.status_code == 200
+    assert "force_release_action" not in page.content.decode()
+    assert client.get(OVERVIEW).status_code == 200
+
+    before = list(Resource.objects.order_by("pk").values())
+    everything = list(Resource.objects.all())
+    for action, extra in (
+        ("force_release_action", {}),
+        ("quarantine_action", {"apply": "1", "duration": "900", "reason": "nope"}),
+        ("restore_action", {}),
+    ):
+        response = act(client, action, everything, **extra)
+        assert response.status_code == 200
+        assert messages_of(response) in ([], ["No action selected."])  # the actions are not offered
+
+    assert list(Resource.objects.order_by("pk").values()) == before
+    assert lease.is_held()
+    change = client.post(f"{LIST}{lease.resource.pk}/change/", {"kind": "x", "name": "y", "data": "{}"})
+    assert change.status_code == 403
+
+
+def test_staff_without_view_permission_sees_no_overview(pool: dict[str, Any], staff: Any) -> None:
+    client = staff("view_leaseevent")
+    assert client.get(OVERVIEW).status_code == 403
+    assert client.get(LIST).status_code == 403
+    assert "Pool overview" not in client.get("/admin/").content.decode()
+
+
+def test_machine_fields_are_read_only_and_saving_never_undoes_a_grant(
+    pool: dict[str, Any], staff: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = staff(superuser=True)
+    url = f"{LIST}{Resource.objects.get(name='proxy-2').pk}/change/"
+    form = client.get(url).content.decode()
+    for field in ("holder", "fence", "busy_before", "quarantined_until", "took_over"):
+        assert f'name="{field}"' not in form
+    for field in ("kind", "name", "data", "enabled"):
+        assert f'name="{field}"' in form
+
+    # The admin loads the row, then a worker takes the resource before the admin saves it.
+    stale = ResourceAdmin(Resource, site).get_queryset(None).get(name="proxy-2")  # type: ignore[arg-type]
+    monkeypatch.setattr(ResourceAdmin, "get_object", lambda *args, **kwargs: stale)
+    Resource.objects.exclude(name="proxy-2").update(enabled=False)
+    lease = acquire("proxy", ttl=60, holder="worker-9")
+    Resource.objects.update(enabled=True)
+    assert lease.resource.name == "proxy-2"
+
+    response = client.post(
+        url,
+        {"kind": "proxy", "name": "proxy-2", "data": '{"url": "http://10.0.0.2:3128"}', "enabled": "on"}
+        | {"holder": "intruder", "fence": "0", "busy_before_0": "2000-01-01", "busy_before_1": "00:00:00"},
+    )
+    assert response.status_code == 302
+
+    saved = Resource.objects.get(name="proxy-2")
+    assert saved.data == {"url": "http://10.0.0.2:3128"}
+    assert (saved.holder, saved.fence) == ("worker-9", lease.fence)  # not the stale copy's
+    assert lease.is_held() and lease.release()
+
+
+def test_the_overview_counts_each_kind_and_is_linked_from_the_index(pool: dict[str, Any], staff: Any) -> None:
+    client = staff(superuser=True)
+    index = client.get("/admin/").content.decode()
+    assert f'href="{OVERVIEW}"' in index and "Pool overview" in index
+    assert 'href="/admin/resource_lease/pooloverview/"' in client.get(LIST).content.decode()
+
+    response = client.get(OVERVIEW)
+    assert response.status_code == 200
+    kinds = {row["kind"]: row for row in response.context["kinds"]}
+    proxy = kinds["proxy"]
+    assert proxy["total"] == 4
+    assert [count for count, _, _ in proxy["cells"]] == [1, 1, 1, 1, 0]  # free held expired quarantined disabled
+    assert proxy["utilisation"] == 33  # 1 held of the 3 in service
+    assert kinds["gpu"]["utilisation"] == 0
+    assert response.context["totals"]["total"] == 5
+    html = response.content.decode()
+    assert "?kind__exact=proxy&amp;state=held" in html
+    assert "the audit trail is off" in html
+
+
+def test_the_overview_and_the_events_list_show_recent_lease_events(pool: dict[str, Any], staff: Any) -> None:
+    client = staff(superuser=True)
+    lease = pool["lease"]
+    with override_settings(RESOURCE_LEASE={**settings.RESOURCE_LEASE, "AUDIT": True}):
+        act(client, "force_release_action", [lease.resource])
+        audit.flush()
+        overview = client.get(OVERVIEW).content.decode()
+        events = client.get(EVENTS)
+        change = client.get(f"{LIST}{lease.resource.pk}/change/").content.decode()
+
+    event = LeaseEvent.objects.get()
+    assert (event.event, event.name, event.holder, event.actor) == (
+        "force_released",
+        "proxy-0",
+        "crawler-1",
+        "admin:user0",
+    )
+    assert "Force-released" in overview and "crawler-1" in overview and "admin:user0" in overview
+    assert events.status_code == 200 and "Force-released" in events.content.decode()
+    assert "Force-released" in change  # the resource's own recent events
+    assert client.get(f"{EVENTS}add/").status_code == 403
+
+
+def test_the_demo_admin_is_themed(staff: Any) -> None:
+    from admin_interface.models import Theme
+
+    from project.demo.theme import install
+
+    install(Theme)  # the migration did it; an earlier test's flush may have undone it
+    install(Theme)  # twice: still one theme, and active
+    assert list(Theme.objects.filter(active=True).values_list("name", flat=True)) == ["Resource leases"]
+    page = staff(superuser=True).get("/admin/").content.decode()
+    assert re.search(r"<title>\s*Site administration \| Resource leases\s*</title>", page)

@@ -1,0 +1,89 @@
+"""The benchmark's smoke mode on the test database: every scenario runs, measures and cleans up.
+
+Nothing here judges speed (the machine is shared and noisy); the checks are that the
+benchmark measured what it says, with real worker processes, and left nothing behind.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from project.bench.scenarios import SCENARIOS
+from project.bench.targets import KIND_PREFIX
+from resource_lease.models import Resource
+
+
+def _run(out: Path, *args: str) -> str:
+    stdout = io.StringIO()
+    call_command("lease_bench", "--smoke", "--out", str(out), *args, stdout=stdout, stderr=io.StringIO())
+    return stdout.getvalue()
+
+
+def _result(out: Path, scenario: str) -> dict[str, Any]:
+    doc = json.loads((out / f"{scenario}.json").read_text())
+    [database] = doc["databases"]
+    assert "error" not in database, database.get("error")
+    return database["result"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_smoke_mode_runs_every_scenario_on_the_test_database(tmp_path: Path) -> None:
+    printed = _run(tmp_path, "--database", "default")
+
+    for scenario, (_, title) in SCENARIOS.items():
+        assert title in printed
+        assert (tmp_path / f"{scenario}.png").stat().st_size > 10_000
+    assert (tmp_path / "summary.txt").read_text().strip()
+
+    cycle = _result(tmp_path, "cycle")
+    assert [point["processes"] for point in cycle["points"]] == [1, 2]
+    for point in cycle["points"]:
+        engine, floor = point["results"]["engine"], point["results"]["floor"]
+        assert engine["cycles"] > 0 and floor["cycles"] > 0
+        # The statement counters see the engine's private connection: an acquire and a release.
+        assert engine["statements_per_cycle"] >= 2
+        assert floor["statements_per_cycle"] == 2 and floor["lost_races"] == 0
+        assert point["results"]["original"]["statements_per_cycle"] >= 3
+        assert engine["x_floor"] > 0
+
+    pool = _result(tmp_path, "pool")
+    assert [point["size"] for point in pool["points"]] == [8, 300]
+
+    scarcity = _result(tmp_path, "scarcity")
+    assert scarcity["grants"] > 0 and len(scarcity["grants_per_worker"]) == scarcity["workers"]
+    assert 0 < scarcity["utilisation"] <= 1.0001
+
+    crash = _result(tmp_path, "crash")
+    assert len(crash["events"]) == crash["holders"] * crash["rounds"]
+    # Never regranted before the killed holder's lease ran out, and marked as a take-over.
+    assert crash["granted_early"] == 0
+    assert crash["all_took_over"]
+
+    renewal = _result(tmp_path, "renewal")
+    assert renewal["renewals"] > 0 and renewal["queries_per_renewal"] >= 1
+    assert renewal["lateness"]["n"] > 0  # leases renewed more than once in the window
+
+    assert not Resource.objects.filter(kind__startswith=KIND_PREFIX).exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--processes", "0"], "--processes"),
+        (["--processes", "two"], "--processes"),
+        (["--duration", "nan"], "--duration"),
+        (["--scenario", "nope"], "--scenario"),
+        (["--database", "nosuchalias"], "nosuchalias"),
+    ],
+)
+def test_bad_options_are_refused_before_anything_is_written(tmp_path: Path, args: list[str], message: str) -> None:
+    out = tmp_path / "results"
+    with pytest.raises(CommandError, match=message):
+        call_command("lease_bench", "--out", str(out), *args, stdout=io.StringIO())
+    assert not out.exists()

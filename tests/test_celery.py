@@ -1,0 +1,404 @@
+"""LeaseTask with a real Celery worker (a subprocess), a real Redis broker and the test database.
+
+The worker runs ``celery -A project worker -I tests.procs.celery_tasks`` on a queue of its own
+(so runs on several databases at once cannot steal each other's tasks); tests send tasks by
+name from a client app on the same Redis and judge by what the database and the tasks'
+evidence files (tests/procs/celery_tasks.py, tests/ledger.py) say.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from resource_lease import acquire
+from resource_lease.contrib.celery import LeaseTask
+from resource_lease.exceptions import NoResourceAvailable
+from resource_lease.models import Resource
+from resource_lease.pool import FREE, HELD, force_release, with_state
+from tests.conftest import spawn, worker_env
+from tests.ledger import check
+
+pytestmark = pytest.mark.celery
+
+BROKER = os.environ.get("CELERY_TEST_BROKER_URL", "redis://127.0.0.1:6379/5")
+KIND = "celery-test"  # as in tests/procs/celery_tasks.py
+TTL = 2.0  # the ttl of the tasks there that are not "long ttl"
+
+
+# -- the worker and the client ------------------------------------------------------------
+
+
+class Worker:
+    """One ``celery worker`` process (its own session, so its pool children can be killed too)."""
+
+    def __init__(self, queue: str, log: Path, pool: str, concurrency: int, transport_options: dict[str, Any]) -> None:
+        self.queue = queue
+        self.log = log
+        env = worker_env(
+            CELERY_BROKER_URL=BROKER,
+            CELERY_RESULT_BACKEND=BROKER,
+            CELERY_BROKER_TRANSPORT_OPTIONS=json.dumps(transport_options),
+        )
+        args = ["-A", "project", "worker", "-I", "tests.procs.celery_tasks", "-Q", queue, "-n", f"{log.stem}@%h"]
+        args += ["-P", pool, "-c", str(concurrency), "--without-mingle", "--without-gossip", "--without-heartbeat"]
+        args += ["-l", "info"]
+        self._out = open(log, "w")  # noqa: SIM115 (closed in stop/kill)
+        self.proc = spawn("celery", *args, env=env, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while " ready." not in self.text():
+            assert self.proc.poll() is None, f"the worker exited early:\n{self.text()}"
+            assert time.monotonic() < deadline, f"the worker did not start:\n{self.text()}"
+            time.sleep(0.1)
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """Warm shutdown (SIGTERM to the main process): running tasks finish first."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=timeout)
+        self._out.close()
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL the worker and its pool processes at once, as a lost machine would."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self._out.close()
+
+
+@pytest.fixture
+def broker() -> Iterator[Celery]:
+    redis = pytest.importorskip("redis")
+    try:
+        redis.Redis.from_url(BROKER, socket_connect_timeout=2).ping()
+    except redis.exceptions.RedisError as exc:
+        pytest.skip(f"Redis broker {BROKER} does not answer ({exc}); start redis-server (docs/celery.md)")
+    client = Celery("tests-client", broker=BROKER, backend=BROKER)
+    client.conf.broker_connection_retry_on_startup = True
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def celery_worker(tmp_path: Path, broker: Celery) -> Iterator[Callable[..., Worker]]:
+    """``celery_worker(pool=..., concurrency=..., visibility_timeout=...)`` on this test's queue."""
+    queue = f"rl-test-{uuid.uuid4().hex[:12]}"
+    workers: list[Worker] = []
+
+    def start(pool: str = "prefork", concurrency: int = 2, visibility_timeout: float | None = None) -> Worker:
+        options: dict[str, Any] = {}
+        if visibility_timeout is not None:
+            # Redelivery of a dead worker's unacked task after visibility_timeout, swept for
+            # every second (kombu's default sweep is every 100 s).
+            options = {"visibility_timeout": visibility_timeout, "unacked_restore_interval": 1}
+            options["unacked_restore_throttle"] = 1
+        worker = Worker(queue, tmp_path / f"worker{len(workers)}.log", pool, concurrency, options)
+        workers.append(worker)
+        return worker
+
+    yield start
+    for worker in workers:
+        if worker.proc.poll() is None:
+            worker.kill()
+    import redis
+
+    redis.Redis.from_url(BROKER).delete(queue)
+
+
+def send(broker: Celery, worker: Worker, name: str, *args: Any) -> Any:
+    return broker.send_task(name, args=args, queue=worker.queue)
+
+
+def state_of(resource: Resource) -> tuple[str, str]:
+    row = with_state(Resource.objects.filter(pk=resource.pk)).values("state", "holder").get()
+    return row["state"], row["holder"]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
+def markers(directory: Path, task_id: str) -> list[Path]:
+    return sorted(directory.glob(f"started-{task_id}.*"))
+
+
+def busy_attempts(worker: Worker, task_id: str) -> int:
+    """How many runs of the task found no resource free (by the worker's log)."""
+    return len(set(re.findall(rf"\[{task_id}\]: no '{KIND}' resource free \(attempt (\d+)\)", worker.text())))
+
+
+def assert_all_free(pool: list[Resource]) -> None:
+    states = {r.name: state_of(r)[0] for r in pool}
+    assert set(states.values()) == {FREE}, f"leases left behind: {states}"
+
+
+# -- option checks (no worker needed) -----------------------------------------------------
+
+
+def declare(body: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """``@app.task(bind=True, base=LeaseTask, **options)`` on a throwaway app, under a unique name."""
+
+    def nothing(self: LeaseTask) -> None:
+        pass
+
+    app = Celery("declare", set_as_current=False)
+    task = app.task(bind=True, base=LeaseTask, name=f"declared-{uuid.uuid4().hex}", shared=False, **options)(
+        body or nothing
+    )
+    app.finalize()
+    return task
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"lease_kind": ""}, "lease_kind"),
+        ({"lease_kind": 7}, "lease_kind"),
+        ({}, "lease_kind"),
+        ({"lease_kind": "p", "lease_ttl": 0}, "lease_ttl"),
+        ({"lease_kind": "p", "lease_ttl": math.nan}, "lease_ttl"),
+        ({"lease_kind": "p", "lease_ttl": "30"}, "lease_ttl"),
+        ({"lease_kind": "p", "lease_ttl": True}, "lease_ttl"),
+        ({"lease_kind": "p", "lease_timeout": -1}, "lease_timeout"),
+        ({"lease_kind": "p", "lease_retry_countdown": 0}, "lease_retry_countdown"),
+        ({"lease_kind": "p", "lease_retry_countdown": math.inf}, "lease_retry_countdown"),
+        ({"lease_kind": "p", "lease_retry_countdown": 5, "lease_retry_countdown_max": 1}, "lease_retry_countdown_max"),
+        ({"lease_kind": "p", "lease_using": ""}, "lease_using"),
+        ({"lease_kind": "p", "max_retries": -1}, "max_retries"),
+        ({"lease_kind": "p", "lease_tll": 30}, "lease_tll"),
+    ],
+)
+def test_bad_options_are_refused_when_the_task_is_declared(options: dict[str, Any], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        declare(**options)
+
+
+def test_an_unknown_database_alias_is_refused_at_call_time() -> None:
+    task = declare(lease_kind="p", lease_using="nowhere")
+    with pytest.raises(ValueError, match="lease_using"):
+        task()
+
+
+def test_self_lease_outside_the_body_says_so() -> None:
+    task = declare(lease_kind="p")
+    with pytest.raises(RuntimeError, match="only available while the task body runs"):
+        task.lease  # noqa: B018
+
+
+def test_retry_countdown_doubles_with_jitter_up_to_the_ceiling() -> None:
+    class Task_(LeaseTask):
+        lease_kind = "p"
+        lease_retry_countdown = 1.0
+        lease_retry_countdown_max = 8.0
+
+    task = Task_()
+    for retries, ceiling in [(0, 1.0), (1, 2.0), (2, 4.0), (3, 8.0), (10, 8.0), (500, 8.0)]:
+        delays = {task.lease_retry_delay(retries) for _ in range(50)}
+        assert all(ceiling / 2 <= d <= ceiling for d in delays), (retries, delays)
+        assert len(delays) > 1, "no jitter"
+
+
+# -- in process, no worker ----------------------------------------------------------------
+
+
+def test_called_directly_it_holds_a_lease_and_gives_it_back(make_pool: Callable[..., list[Resource]]) -> None:
+    (resource,) = make_pool(KIND, 1)
+    seen: list[tuple[str, str]] = []
+
+    def body(self: LeaseTask) -> str:
+        seen.append(state_of(resource))
+        return str(self.lease.resource.data["url"])
+
+    task = declare(body, lease_kind=KIND, lease_ttl=60.0)
+    assert task() == resource.data["url"]
+    assert seen[0][0] == HELD
+    assert state_of(resource)[0] == FREE
+    with acquire(KIND, ttl=60):
+        with pytest.raises(NoResourceAvailable):
+            task()  # no worker to retry it: the error itself
+
+
+def test_eager_apply_waits_the_countdown_between_attempts(
+    make_pool: Callable[..., list[Resource]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Celery's apply() re-runs a retry at once; the task must sleep its countdown, not spin."""
+    make_pool(KIND, 1)
+    task = declare(lease_kind=KIND, lease_retry_countdown=0.2, lease_retry_countdown_max=0.4, max_retries=2)
+    caplog.set_level(logging.INFO, logger="resource_lease")
+    with acquire(KIND, ttl=60):
+        started = time.monotonic()
+        result = task.apply()
+        took = time.monotonic() - started
+    assert isinstance(result.result, NoResourceAvailable), result.result
+    attempts = [r.getMessage() for r in caplog.records if "resource free (attempt" in r.getMessage()]
+    assert len(attempts) == 3 and attempts[-1].endswith("giving up"), attempts
+    assert took >= 0.1 + 0.2, "the countdowns (0.1-0.2 s, then 0.2-0.4 s) were not slept"
+
+
+# -- with a real worker -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pool_type", ["prefork", "threads"])
+def test_tasks_never_share_a_resource_and_all_complete(
+    pool_type: str,
+    make_pool: Callable[..., list[Resource]],
+    celery_worker: Callable[..., Worker],
+    broker: Celery,
+    tmp_path: Path,
+) -> None:
+    """N tasks over M < N resources, 4 at a time: the ledger shows no overlap, all finish, all freed."""
+    pool = make_pool(KIND, 2)
+    worker = celery_worker(pool=pool_type, concurrency=4)
+    results = [send(broker, worker, "tests.hold", str(tmp_path), 0.3) for _ in range(12)]
+    done = [r.get(timeout=90) for r in results]
+
+    verdict = check(tmp_path)
+    print(f"celery {pool_type}: {verdict.summary()}, retries={sum(d['retries'] for d in done)}")
+    assert verdict.grants == 12
+    assert verdict.violations == 0, verdict.summary()
+    assert {d["resource"] for d in done} <= {r.pk for r in pool}
+    assert sum(d["retries"] for d in done) > 0, "4 workers on 2 resources never found them busy?"
+    assert_all_free(pool)
+    assert worker.stop() == 0
+
+
+def test_busy_pool_retries_with_countdown_then_fails_when_retries_run_out(
+    make_pool: Callable[..., list[Resource]], celery_worker: Callable[..., Worker], broker: Celery, tmp_path: Path
+) -> None:
+    (resource,) = make_pool(KIND, 1)
+    worker = celery_worker(pool="solo")
+    held = acquire(KIND, ttl=60)
+    waiting = send(broker, worker, "tests.hold", str(tmp_path), 0.01)
+    giving_up = send(broker, worker, "tests.hold_few_retries", str(tmp_path))
+
+    # max_retries=2: three attempts, then the task fails with NoResourceAvailable itself.
+    with pytest.raises(NoResourceAvailable):
+        giving_up.get(timeout=60)
+    assert busy_attempts(worker, giving_up.id) == 3
+
+    # The other one keeps waiting, with countdowns (0.1-0.2 s doubling to 0.5-1 s), not a spin.
+    wait_for(lambda: f"[{waiting.id}]: no {KIND!r} resource free" in worker.text(), 60, "a first busy attempt")
+    time.sleep(3.0)
+    assert held.release()
+    done = waiting.get(timeout=60)
+    attempts = busy_attempts(worker, waiting.id)
+    print(f"busy for ~3 s: {attempts} retries")
+    assert done["retries"] == attempts
+    assert 1 <= attempts <= 15, f"{attempts} retries while the pool was busy: spinning?"
+    assert state_of(resource)[0] == FREE
+
+
+def test_retry_from_the_body_and_failure_release_the_resource(
+    make_pool: Callable[..., list[Resource]], celery_worker: Callable[..., Worker], broker: Celery, tmp_path: Path
+) -> None:
+    """With a 60 s ttl, only a release can free the single resource in time."""
+    (resource,) = make_pool(KIND, 1)
+    worker = celery_worker(pool="solo")
+
+    retried = send(broker, worker, "tests.retry_once", str(tmp_path))
+    done = retried.get(timeout=60)
+    assert done["retries"] == 1, "the retry found the resource still held by its own first run"
+    assert state_of(resource)[0] == FREE
+
+    failed = send(broker, worker, "tests.fail", str(tmp_path))
+    with pytest.raises(RuntimeError, match="on purpose"):
+        failed.get(timeout=60)
+    assert state_of(resource)[0] == FREE
+    assert Resource.objects.get(pk=resource.pk).fence == 3
+
+
+def test_a_lost_lease_is_seen_by_the_task_and_logged_with_its_id(
+    make_pool: Callable[..., list[Resource]], celery_worker: Callable[..., Worker], broker: Celery, tmp_path: Path
+) -> None:
+    (resource,) = make_pool(KIND, 1)
+    worker = celery_worker(pool="solo")
+    result = send(broker, worker, "tests.watch_loss", str(tmp_path), 30.0)
+    wait_for(lambda: markers(tmp_path, result.id), 60, "the task to start")
+    assert force_release([resource]) == 1  # an operator takes the resource away
+
+    done = result.get(timeout=60)
+    assert done["lost"] and done["check_raised"], done
+    assert "refused the renewal" in done["reason"]
+    assert f"tests.watch_loss[{result.id}] lost its lease on" in worker.text()
+
+
+def test_a_killed_worker_frees_its_resource_after_ttl_and_the_task_is_redelivered(
+    make_pool: Callable[..., list[Resource]], celery_worker: Callable[..., Worker], broker: Celery, tmp_path: Path
+) -> None:
+    (resource,) = make_pool(KIND, 1)
+    first = celery_worker(pool="solo", visibility_timeout=4)
+    result = send(broker, first, "tests.hold", str(tmp_path), 0.2, 60.0)  # the first delivery holds 60 s
+    (marker,) = wait_for(lambda: markers(tmp_path, result.id), 60, "the task to start")
+    dead_holder, dead_fence = marker.read_text().splitlines()[:2]
+
+    first.kill()  # SIGKILL mid-task: nothing is released, nothing is acknowledged
+    state, holder = state_of(resource)
+    assert (state, holder) == (HELD, dead_holder)
+    # No one renews it any more: within the ttl (and some slack) it is no longer held.
+    wait_for(lambda: state_of(resource) != (HELD, dead_holder), TTL + 10, "the dead worker's lease to expire")
+
+    second = celery_worker(pool="prefork", concurrency=2, visibility_timeout=4)
+    done = result.get(timeout=90)  # redelivered after visibility_timeout, run by the second worker
+    assert done["took_over"] and done["previous_holder"] == dead_holder, done
+    assert done["fence"] > int(dead_fence)
+    verdict = check(tmp_path)
+    assert verdict.grants == 1 and verdict.violations == 0, verdict.summary()
+    assert state_of(resource)[0] == FREE
+    assert second.stop() == 0
+
+
+def test_a_hard_time_limit_leaves_the_resource_held_no_longer_than_ttl(
+    make_pool: Callable[..., list[Resource]], celery_worker: Callable[..., Worker], broker: Celery, tmp_path: Path
+) -> None:
+    """billiard sends the pool process SIGTERM (the body's ``finally`` may release in time)
+    and SIGKILL 0.1 s later (then nothing renews it and it expires)."""
+    (resource,) = make_pool(KIND, 1)
+    worker = celery_worker(pool="prefork", concurrency=1)
+    result = send(broker, worker, "tests.stuck", str(tmp_path))
+    (marker,) = wait_for(lambda: markers(tmp_path, result.id), 60, "the task to start")
+    killed_holder, killed_fence = marker.read_text().splitlines()[:2]
+
+    result.get(timeout=60, propagate=False)
+    assert result.state == "FAILURE" and "TimeLimitExceeded" in repr(result.result), result.result
+    wait_for(lambda: state_of(resource) != (HELD, killed_holder), TTL + 10, "the killed task's lease to end")
+
+    after = send(broker, worker, "tests.hold", str(tmp_path), 0.01).get(timeout=60)
+    assert after["fence"] == int(killed_fence) + 1 and after["previous_holder"] == killed_holder, after
+    assert state_of(resource)[0] == FREE
+    assert worker.stop() == 0
+
+
+def test_a_warm_shutdown_releases_the_leases_of_the_tasks_it_finishes(
+    make_pool: Callable[..., list[Resource]], celery_worker: Callable[..., Worker], broker: Celery, tmp_path: Path
+) -> None:
+    pool = make_pool(KIND, 2)
+    worker = celery_worker(pool="prefork", concurrency=2)
+    results = [send(broker, worker, "tests.hold_long_ttl", str(tmp_path), 1.5) for _ in range(2)]
+    wait_for(lambda: all(markers(tmp_path, r.id) for r in results), 60, "both tasks to start")
+
+    assert worker.stop() == 0  # SIGTERM: the worker waits for both tasks, then exits
+    assert [r.get(timeout=10)["retries"] for r in results] == [0, 0]
+    assert_all_free(pool)  # the ttl is 60 s: only a release frees them this soon
