@@ -153,9 +153,11 @@ def test_context_manager_releases_on_exit_and_on_error(make_pool) -> None:
 
 def test_auto_renew_keeps_the_lease_past_several_ttls(make_pool) -> None:
     make_pool("proxy", 1)
-    with acquire("proxy", ttl=0.6, auto_renew=True) as lease:
+    # ttl 1.5 s: short enough to see several renewals, long enough that a loaded machine's
+    # stall of a second does not lose the lease.
+    with acquire("proxy", ttl=1.5, auto_renew=True) as lease:
         first_expiry = lease.expires_at
-        time.sleep(2.5)  # four ttls
+        time.sleep(4.5)  # three ttls
         assert lease.is_held()
         assert not lease.lost.is_set()
         assert lease.expires_at > first_expiry
