@@ -1,10 +1,12 @@
 """MySQL and MariaDB: UPDATE ... ORDER BY ... LIMIT 1, the chosen id handed back by LAST_INSERT_ID.
 
-Neither has UPDATE ... RETURNING. ``SET id = LAST_INSERT_ID(id)`` makes the server put the
-updated row's id in the OK packet (the cursor's ``lastrowid``), so the race is decided by one
-statement on the lease table's own columns (PITFALLS 2) and the row is then read by its
-primary key. rowcount counts matched rows (CLIENT.FOUND_ROWS, PITFALLS 1): every condition
-that decides ownership is in the WHERE.
+Neither has UPDATE ... RETURNING. ``SET id = LAST_INSERT_ID(id)`` makes the server remember
+the updated row's id, so the race is decided by one statement on the lease table's own
+columns (PITFALLS 2) and the row is then read by that id and the grant's token. The read
+travels in the same round trip as the UPDATE: the engine's own connections are opened with
+CLIENT.MULTI_STATEMENTS, and the two statements are sent as one query (each still its own
+autocommit transaction, the UPDATE's result read first). rowcount counts matched rows
+(CLIENT.FOUND_ROWS, PITFALLS 1): every condition that decides ownership is in the WHERE.
 """
 
 from __future__ import annotations
@@ -49,17 +51,37 @@ class MySQLDialect(Dialect):
         finally:
             cursor.close()
 
+    @staticmethod
+    def _update_then_read(cursor: Any, sql: str, params: tuple[Any, ...]) -> list[Row] | None:
+        """Run ``UPDATE ...; SELECT ...`` sent as one query: the SELECT's rows if the UPDATE
+        matched exactly one row, else None. An error in either statement raises here (a lost
+        connection during the SELECT leaves the UPDATE's outcome for the caller to settle)."""
+        cursor.execute(sql, params)
+        matched = cursor.rowcount == 1
+        if not cursor.nextset():
+            raise RuntimeError("the read of a pipelined UPDATE; SELECT returned no result")
+        rows = list(cursor.fetchall())
+        return rows if matched else None
+
     def acquire(self, cursor: Any, *, kind: str, holder: str, token: str, ttl: float) -> Row | None:
         sql, kind_first = self._acquire_sql()
         grant = (holder, token, self.ttl_param(ttl))
-        cursor.execute(sql, (kind, *grant) if kind_first else (*grant, kind))
-        if cursor.rowcount != 1:
-            return None
-        cursor.execute(
-            f"SELECT {self.columns} FROM {self.table} WHERE id = %s AND grant_token = %s",
-            (cursor.lastrowid, token),
+        # LAST_INSERT_ID() is the granted row's id when the UPDATE matched; when it did not,
+        # it is some earlier id, but the fresh token matches no row then.
+        rows = self._update_then_read(
+            cursor,
+            f"{sql}; SELECT {self.columns} FROM {self.table} WHERE id = LAST_INSERT_ID() AND grant_token = %s",
+            ((kind, *grant) if kind_first else (*grant, kind)) + (token,),
         )
-        rows = cursor.fetchall()
+        return rows[0] if rows else None
+
+    def grant(self, cursor: Any, *, pk: int, kind: str, holder: str, token: str, ttl: float) -> Row | None:
+        rows = self._update_then_read(
+            cursor,
+            f"UPDATE {self.table} SET {self.grant_set} WHERE id = %s AND {self.free};"
+            f" SELECT {self.columns} FROM {self.table} WHERE id = %s AND grant_token = %s",
+            (holder, token, self.ttl_param(ttl), pk, kind, pk, token),
+        )
         return rows[0] if rows else None
 
     def _acquire_sql(self) -> tuple[str, bool]:
@@ -96,19 +118,22 @@ class MySQLDialect(Dialect):
         return self._acquire
 
     def renew(self, cursor: Any, *, pk: int, holder: str, fence: int, ttl: float) -> dt.datetime | None:
-        cursor.execute(
-            f"UPDATE {self.table} SET busy_before = {self.expiry_sql()}, renewed_at = {self.now_sql} WHERE {self.ours}",
-            (self.ttl_param(ttl), pk, holder, fence),
+        # No RETURNING: the new expiry is read back by primary key in the same round trip.
+        rows = self._update_then_read(
+            cursor,
+            f"UPDATE {self.table} SET busy_before = {self.expiry_sql()}, renewed_at = {self.now_sql}"
+            f" WHERE {self.ours}; SELECT busy_before FROM {self.table} WHERE id = %s AND fence = %s",
+            (self.ttl_param(ttl), pk, holder, fence, pk, fence),
         )
-        if cursor.rowcount != 1:
-            return None
-        # No RETURNING: read the new expiry back (a primary-key read, no commit to wait for).
-        cursor.execute(f"SELECT busy_before FROM {self.table} WHERE id = %s AND fence = %s", (pk, fence))
-        rows = cursor.fetchall()
         return self.to_datetime(rows[0][0]) if rows else None
 
     @staticmethod
     def connect_options(options: dict[str, Any], io_timeout: float) -> None:
+        from MySQLdb.constants import CLIENT
+
+        # Matched rows, never "changed rows" (PITFALLS 1), whatever flags the user set; and
+        # several statements per query, so a grant and its read share one round trip.
+        options["client_flag"] = int(options.get("client_flag", 0)) | CLIENT.FOUND_ROWS | CLIENT.MULTI_STATEMENTS
         # A renewal must fail, not hang, when the server stops answering.
         options.setdefault("connect_timeout", max(1, round(io_timeout)))
         options.setdefault("read_timeout", max(1, round(io_timeout)))
