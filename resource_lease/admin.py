@@ -4,10 +4,13 @@ Every state and time shown is judged by the database's clock (``pool.with_state`
 actions call ``resource_lease.pool``, whose conditional UPDATEs are safe while workers lease.
 Fields that only the lease engine writes are read-only, and saving a resource writes only
 the fields the form changed, so an edit can never put back a stale holder, fence or expiry.
+The password of a payload's ``url`` is never sent to the browser (``ResourceForm``).
 """
 
 from __future__ import annotations
 
+import copy
+import json
 from typing import Any
 
 from django import forms
@@ -31,11 +34,14 @@ from resource_lease.display import (
     current_holder,
     database_time,
     format_duration,
+    mask_payload,
     payload_url,
     quarantine_left,
+    unmask_payload,
     with_display_state,
 )
 from resource_lease.models import LeaseEvent, PoolOverview, Resource
+from resource_lease.proxy_urls import MASK
 
 #: Fields the lease engine (or the pool operations) write; never edited in a form.
 MACHINE_FIELDS = (
@@ -112,6 +118,50 @@ class QuarantineForm(forms.Form):
     )
 
 
+class ResourceForm(forms.ModelForm):
+    """A resource's form; on the change form, the password of ``data["url"]`` stays on the server.
+
+    The form shows ``data`` with that password replaced by ``***`` (its initial value, so a
+    payload sent back unchanged is no change of ``data`` and is not written). Sent back with
+    ``***`` still in place, the stored password is put back, whatever else of the payload
+    changed; a typed password replaces it; a payload without ``url`` drops it. The mask keeps
+    the password only for the same user, host and port: carried to another one, the form is
+    refused with an error on ``data``. The add form takes the URL as typed.
+    """
+
+    class Meta:
+        model = Resource
+        fields = EDITABLE_FIELDS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.masks_data = not self.instance._state.adding and "data" in self.fields
+        self.stored_data: Any = None
+        if self.masks_data:
+            # As loaded for this request (the admin reads the row again for a POST).
+            self.stored_data = copy.deepcopy(self.instance.data)
+            self.initial["data"] = mask_payload(self.stored_data)
+            field = self.fields["data"]
+            # Compare what is sent back with the masked payload held here, not with a copy
+            # of it the browser returns (Django's hidden "initial-data" for a callable default).
+            field.show_hidden_initial = False
+            field.help_text = (
+                f'{field.help_text} A password in "url" is shown as {MASK}: leave {MASK} to keep the stored'
+                " one, or type the new one."
+            )
+
+    def clean_data(self) -> Any:
+        data = self.cleaned_data.get("data")
+        if not self.masks_data:
+            return data
+        try:
+            return unmask_payload(data, self.stored_data)
+        except ValueError as exc:
+            raise forms.ValidationError(
+                'data["url"]: %(problem)s', code="masked_password", params={"problem": str(exc)}
+            ) from None
+
+
 @admin.register(Resource)
 class ResourceAdmin(admin.ModelAdmin):
     list_display = (
@@ -128,7 +178,15 @@ class ResourceAdmin(admin.ModelAdmin):
     ordering = ("kind", "name")
     list_per_page = 100
     actions = ("force_release_action", "quarantine_action", "restore_action")
-    readonly_fields = (*MACHINE_FIELDS, "state_badge", "time_left_display", "quarantine_display", "recent_events")
+    form = ResourceForm
+    readonly_fields = (
+        *MACHINE_FIELDS,
+        "masked_data",
+        "state_badge",
+        "time_left_display",
+        "quarantine_display",
+        "recent_events",
+    )
     fieldsets = (
         (None, {"fields": EDITABLE_FIELDS}),
         (
@@ -164,7 +222,14 @@ class ResourceAdmin(admin.ModelAdmin):
     def get_fieldsets(self, request: HttpRequest, obj: Resource | None = None) -> Any:
         if obj is None:
             return ((None, {"fields": EDITABLE_FIELDS}),)
-        return super().get_fieldsets(request, obj)
+        fieldsets = super().get_fieldsets(request, obj)
+        if self.has_change_permission(request, obj):
+            return fieldsets
+        # Read-only, Django would print the payload as stored, password included.
+        return [
+            (title, {**options, "fields": tuple("masked_data" if f == "data" else f for f in options["fields"])})
+            for title, options in fieldsets
+        ]
 
     # -- columns ------------------------------------------------------------------------
 
@@ -196,6 +261,10 @@ class ResourceAdmin(admin.ModelAdmin):
     def url_display(self, obj: Resource) -> str:
         url = payload_url(obj)
         return _breakable(url, at_colons=False) if url else "-"
+
+    @admin.display(description="data")
+    def masked_data(self, obj: Resource) -> str:
+        return json.dumps(mask_payload(obj.data), ensure_ascii=False)
 
     @admin.display(description="quarantine", ordering="quarantined_until")
     def quarantine_display(self, obj: Resource) -> str:

@@ -1,5 +1,6 @@
 """What the admin and the commands show of a resource: its state by the database's clock,
-times left in words, the payload's URL with the password masked."""
+times left in words, the payload's URL with the password masked (and the payload as the
+admin's change form shows it and takes it back)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from django.db.models import QuerySet
 from resource_lease.db import DbNow
 from resource_lease.models import Resource
 from resource_lease.pool import database_now, with_state
-from resource_lease.proxy_urls import mask_url
+from resource_lease.proxy_urls import mask_url, unmask_url
 
 
 def with_display_state(queryset: QuerySet[Resource]) -> QuerySet[Resource]:
@@ -42,6 +43,28 @@ def payload_url(resource: Resource) -> str:
     """The payload's ``url`` with any password masked ('' when there is none)."""
     data = resource.data if isinstance(resource.data, dict) else {}
     return mask_url(data.get("url"))
+
+
+def mask_payload(data: Any) -> Any:
+    """``data`` as the admin shows it: a copy with the password of ``data["url"]`` masked
+    (``data`` itself when there is none to mask)."""
+    if isinstance(data, dict) and isinstance(data.get("url"), str):
+        masked = mask_url(data["url"])
+        if masked != data["url"]:
+            return {**data, "url": masked}
+    return data
+
+
+def unmask_payload(submitted: Any, stored: Any) -> Any:
+    """The payload an operator sent back from a masked form, with the stored password of
+    ``data["url"]`` put back where the mask was left (``proxy_urls.unmask_url``; its
+    ``ValueError`` when the mask would be carried to another user, host or port). A payload
+    without ``url`` has none: removing the key removes the password with it."""
+    if not isinstance(submitted, dict) or "url" not in submitted:
+        return submitted
+    stored_url = stored.get("url") if isinstance(stored, dict) else None
+    url = unmask_url(submitted["url"], stored_url)
+    return submitted if url is submitted["url"] else {**submitted, "url": url}
 
 
 def format_duration(value: dt.timedelta | float | None) -> str:

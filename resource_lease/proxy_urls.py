@@ -1,4 +1,5 @@
-"""Proxy URLs: parse and normalise a line of a proxy list, and mask passwords for display.
+"""Proxy URLs: parse and normalise a line of a proxy list, mask passwords for display, and put
+the stored password back into a masked URL an operator sends back (``unmask_url``).
 
 Accepted: ``host:port``, ``scheme://host:port`` and ``scheme://user[:password]@host:port``
 (``user:password@host:port`` too), with ``scheme`` one of ``SCHEMES`` (``http`` when none is
@@ -130,15 +131,56 @@ def _port(text: str, hostport: str) -> int:
     return int(text)
 
 
-def mask_url(url: Any) -> str:
-    """``url`` with its password replaced by ``***`` (for lists, logs and the admin)."""
-    if not isinstance(url, str):
-        return "" if url is None else str(url)
+def _credentials(url: str) -> tuple[str, str, str | None, str]:
+    """``(scheme + "://", user, password, rest)`` of ``url`` as ``mask_url`` reads it: the user
+    information is everything before the last ``@`` (so a password with an unencoded ``/`` or
+    ``@`` is still masked whole); ``password`` is None when there is none (no ``user:``)."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         scheme, rest = "", url
     userinfo, at, hostpart = rest.rpartition("@")
-    if not at or ":" not in userinfo:
+    if not at:
+        return scheme + sep, "", None, rest
+    username, colon, password = userinfo.partition(":")
+    return scheme + sep, username, password if colon else None, hostpart
+
+
+def mask_url(url: Any) -> str:
+    """``url`` with its password replaced by ``***`` (for lists, logs and the admin)."""
+    if not isinstance(url, str):
+        return "" if url is None else str(url)
+    prefix, username, password, hostpart = _credentials(url)
+    if password is None:
         return url
-    username = userinfo.partition(":")[0]
-    return f"{scheme}{sep}{username}:{MASK}@{hostpart}"
+    return f"{prefix}{username}:{MASK}@{hostpart}"
+
+
+def unmask_url(submitted: Any, stored: Any) -> Any:
+    """A URL shown masked and sent back (``submitted``) with the ``***`` placeholder replaced by
+    the password of ``stored``; anything without the placeholder is returned as it is.
+
+    The placeholder keeps the stored password only for the same user name and the same host,
+    port (and anything after them): ``ValueError`` says why not otherwise, so a masked
+    password can never be carried to another host. The scheme may change (it is the same proxy).
+    """
+    if not isinstance(submitted, str):
+        return submitted
+    prefix, username, password, hostpart = _credentials(submitted)
+    if password != MASK:
+        return submitted
+    if not isinstance(stored, str):
+        raise ValueError(
+            f"the password {MASK} stands for the stored one, and there is no stored URL: type the password"
+        )
+    _, stored_username, stored_password, stored_hostpart = _credentials(stored)
+    if stored_password is None:
+        raise ValueError(
+            f"the password {MASK} stands for the stored one, and the stored URL has none: type the password"
+        )
+    if (username, hostpart) != (stored_username, stored_hostpart):
+        raise ValueError(
+            f"the password is still the mask {MASK} but the user, host or port changed"
+            f" (stored: {stored_username}@{stored_hostpart}, now: {username}@{hostpart}):"
+            " type the password for the new address (a masked password is kept only for the same user@host:port)"
+        )
+    return f"{prefix}{username}:{stored_password}@{hostpart}"

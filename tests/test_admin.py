@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable
+from html import unescape
 from typing import Any
 
 import pytest
 from django.conf import settings
 from django.contrib.admin import site
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
+from django.db import connection
 from django.test import Client, override_settings
+from django.test.utils import CaptureQueriesContext
 
 from resource_lease import LeaseLost, acquire, audit
 from resource_lease.admin import ResourceAdmin
@@ -134,6 +139,22 @@ def test_force_release_frees_a_held_resource_and_its_holder_loses_it(pool: dict[
 
     assert messages_of(response) == ["Force-released 1 resource; 1 of the 2 selected had no live lease."]
     assert state_of(rows(response.content.decode())["proxy-0"]) == "free"
+    assert not lease.is_held()
+    with pytest.raises(LeaseLost):
+        lease.renew()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="core engine: a lease is 'ours' by holder, fence and busy_before only (db/base.py), and releasing a"
+    " quarantined resource sets busy_before to the quarantine's end, so the holder cut off still renews",
+)
+def test_force_release_cuts_off_the_holder_of_a_quarantined_resource(pool: dict[str, Any], staff: Any) -> None:
+    client = staff(superuser=True)
+    lease = pool["lease"]
+    act(client, "quarantine_action", [lease.resource], apply="1", duration="900", reason="bad exit IP")
+    response = act(client, "force_release_action", [lease.resource])
+    assert messages_of(response) == ["Force-released 1 resource."]
     assert not lease.is_held()
     with pytest.raises(LeaseLost):
         lease.renew()
@@ -286,3 +307,199 @@ def test_the_demo_admin_is_themed(staff: Any) -> None:
     assert list(Theme.objects.filter(active=True).values_list("name", flat=True)) == ["Resource leases"]
     page = staff(superuser=True).get("/admin/").content.decode()
     assert re.search(r"<title>\s*Site administration \| Resource leases\s*</title>", page)
+
+
+# -- the change form never shows a stored password --------------------------------------
+
+PASSWORD = "Tr0ub4dor-3"
+SECRET_URL = f"socks5://alice:{PASSWORD}@10.0.0.1:1080"
+MASKED_URL = "socks5://alice:***@10.0.0.1:1080"
+
+
+@pytest.fixture
+def secret(transactional_db: None) -> Resource:
+    """A proxy whose URL carries a password, and another key in its payload."""
+    return Resource.objects.create(kind="proxy", name="alice@10.0.0.1:1080", data={"url": SECRET_URL, "region": "eu"})
+
+
+def change_url(resource: Resource) -> str:
+    return f"{LIST}{resource.pk}/change/"
+
+
+def textarea(html: str, name: str = "data") -> str:
+    """The text of the form's ``name`` textarea, as the browser would send it back."""
+    match = re.search(rf'<textarea name="{name}"[^>]*>(.*?)</textarea>', html, flags=re.S)
+    assert match, html
+    return unescape(match.group(1)).strip()
+
+
+def save(client: Client, resource: Resource, data: Any, *, enabled: bool = True) -> Any:
+    """POST the change form as the operator would, ``data`` as JSON text (or an object to dump)."""
+    form = {"kind": resource.kind, "name": resource.name, "data": data if isinstance(data, str) else json.dumps(data)}
+    if enabled:
+        form["enabled"] = "on"
+    return client.post(change_url(resource), form)
+
+
+def last_change_message(resource: Resource) -> str:
+    entry = LogEntry.objects.filter(object_id=str(resource.pk)).latest("action_time")
+    return entry.get_change_message()
+
+
+def test_the_change_form_sends_the_payload_with_the_password_masked(secret: Resource, staff: Any) -> None:
+    client = staff(superuser=True)
+    with override_settings(RESOURCE_LEASE={**settings.RESOURCE_LEASE, "AUDIT": True}):
+        acquire("proxy", ttl=60, holder="crawler-1")
+        act(client, "force_release_action", [secret])
+        act(client, "quarantine_action", [secret], apply="1", duration="900", reason="bad exit IP")
+        audit.flush()
+        page = client.get(change_url(secret))
+    html = page.content.decode()
+
+    assert page.status_code == 200
+    assert json.loads(textarea(html)) == {"url": MASKED_URL, "region": "eu"}
+    assert "Force-released" in html and "bad exit IP" in html  # the recent events are there
+    assert "leave *** to keep the stored one" in html
+    assert 'name="initial-data"' not in html  # changes are judged against the masked payload kept here
+    assert PASSWORD not in html
+    for other in (f"{LIST}{secret.pk}/history/", OVERVIEW, EVENTS, f"{LIST}?q=alice", LIST):
+        response = client.get(other)
+        assert response.status_code == 200, other
+        assert PASSWORD not in response.content.decode(), other
+    assert Resource.objects.get(pk=secret.pk).data == {"url": SECRET_URL, "region": "eu"}
+
+
+def test_staff_who_may_only_view_see_the_payload_masked_too(secret: Resource, staff: Any) -> None:
+    page = staff("view_resource").get(change_url(secret))
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert "<textarea" not in html  # read-only
+    assert MASKED_URL in html and "region" in html
+    assert PASSWORD not in html
+
+
+def test_saving_the_masked_payload_unchanged_keeps_the_password_and_writes_nothing(
+    secret: Resource, staff: Any
+) -> None:
+    client = staff(superuser=True)
+    shown = textarea(client.get(change_url(secret)).content.decode())
+
+    with CaptureQueriesContext(connection) as queries:
+        response = save(client, secret, shown)
+
+    assert response.status_code == 302
+    assert Resource.objects.get(pk=secret.pk).data == {"url": SECRET_URL, "region": "eu"}
+    assert last_change_message(secret) == "No fields changed."
+    assert not [q["sql"] for q in queries if re.search(r"UPDATE\W+resource_lease_resource\W", q["sql"])]
+
+    # Another field changed, the payload sent back masked: only that field is written.
+    assert save(client, secret, shown, enabled=False).status_code == 302
+    saved = Resource.objects.get(pk=secret.pk)
+    assert (saved.enabled, saved.data) == (False, {"url": SECRET_URL, "region": "eu"})
+    assert last_change_message(secret) == "Changed Enabled."
+
+
+@pytest.mark.parametrize(
+    ("sent", "stored"),
+    [
+        pytest.param(
+            {"url": MASKED_URL, "region": "us", "weight": 3},
+            {"url": SECRET_URL, "region": "us", "weight": 3},
+            id="other keys edited: the password stays",
+        ),
+        pytest.param(
+            {"url": "http://alice:***@10.0.0.1:1080", "region": "eu"},
+            {"url": f"http://alice:{PASSWORD}@10.0.0.1:1080", "region": "eu"},
+            id="new scheme, same user@host:port: the password stays",
+        ),
+        pytest.param(
+            {"url": "socks5://alice:n3w-pw@10.0.0.1:1080", "region": "eu"},
+            {"url": "socks5://alice:n3w-pw@10.0.0.1:1080", "region": "eu"},
+            id="a typed password replaces it",
+        ),
+        pytest.param(
+            {"url": "socks5://bob:pw-of-bob@10.0.0.2:1080"},
+            {"url": "socks5://bob:pw-of-bob@10.0.0.2:1080"},
+            id="a new address with its password",
+        ),
+        pytest.param({"region": "eu"}, {"region": "eu"}, id="url removed: the password goes with it"),
+    ],
+)
+def test_saving_an_edited_payload(secret: Resource, staff: Any, sent: dict[str, Any], stored: dict[str, Any]) -> None:
+    client = staff(superuser=True)
+    response = save(client, secret, sent)
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    assert Resource.objects.get(pk=secret.pk).data == stored
+    assert last_change_message(secret) == "Changed Data."
+
+
+@pytest.mark.parametrize(
+    ("sent_url", "why"),
+    [
+        ("socks5://alice:***@10.0.0.9:1080", "the user, host or port changed"),
+        ("socks5://alice:***@10.0.0.1:1081", "the user, host or port changed"),
+        ("socks5://bob:***@10.0.0.1:1080", "the user, host or port changed"),
+        ("socks5://10.0.0.1:1080", None),  # no password at all: accepted, see below
+    ],
+)
+def test_a_masked_password_cannot_be_carried_to_another_address(
+    secret: Resource, staff: Any, sent_url: str, why: str | None
+) -> None:
+    client = staff(superuser=True)
+    response = save(client, secret, {"url": sent_url, "region": "eu"})
+    if why is None:
+        assert response.status_code == 302
+        assert Resource.objects.get(pk=secret.pk).data == {"url": sent_url, "region": "eu"}
+        return
+    html = response.content.decode()
+    assert response.status_code == 200
+    [error] = response.context["adminform"].form.errors["data"]
+    assert error.startswith('data["url"]: the password is still the mask *** but') and why in error
+    assert "stored: alice@10.0.0.1:1080" in error
+    assert re.search(r'<ul class="errorlist"[^>]*><li>data\[&quot;url&quot;\]: the password is still the mask', html)
+    assert json.loads(textarea(html))["url"] == sent_url  # what was typed, to correct
+    assert PASSWORD not in html
+    assert Resource.objects.get(pk=secret.pk).data == {"url": SECRET_URL, "region": "eu"}
+
+
+def test_a_mask_where_no_password_is_stored_is_refused(make_pool: Any, staff: Any) -> None:
+    [plain] = make_pool("proxy", 1)  # http://10.0.0.0:8080, no password
+    response = save(staff(superuser=True), plain, {"url": "http://alice:***@10.0.0.0:8080"})
+    assert response.status_code == 200
+    [error] = response.context["adminform"].form.errors["data"]
+    assert error == (
+        'data["url"]: the password *** stands for the stored one, and the stored URL has none: type the password'
+    )
+    assert Resource.objects.get(pk=plain.pk).data == {"url": "http://10.0.0.0:8080"}
+
+
+def test_the_add_form_takes_the_password_as_typed(transactional_db: None, staff: Any) -> None:
+    client = staff(superuser=True)
+    form = client.get(f"{LIST}add/").content.decode()
+    assert textarea(form) == "{}" and "keep the stored one" not in form
+
+    data = {"url": SECRET_URL, "region": "eu"}
+    response = client.post(
+        f"{LIST}add/", {"kind": "proxy", "name": "alice@10.0.0.1:1080", "data": json.dumps(data), "enabled": "on"}
+    )
+    assert response.status_code == 302
+    created = Resource.objects.get(name="alice@10.0.0.1:1080")
+    assert created.data == data
+    assert PASSWORD not in client.get(change_url(created)).content.decode()
+
+
+def test_saving_a_masked_payload_never_undoes_a_grant(
+    secret: Resource, staff: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The admin loads the row, then a worker takes the resource before the admin saves it.
+    stale = ResourceAdmin(Resource, site).get_queryset(None).get(pk=secret.pk)  # type: ignore[arg-type]
+    monkeypatch.setattr(ResourceAdmin, "get_object", lambda *args, **kwargs: stale)
+    lease = acquire("proxy", ttl=60, holder="worker-9")
+
+    response = save(staff(superuser=True), secret, {"url": MASKED_URL, "region": "us"})
+
+    assert response.status_code == 302
+    saved = Resource.objects.get(pk=secret.pk)
+    assert saved.data == {"url": SECRET_URL, "region": "us"}
+    assert (saved.holder, saved.fence) == ("worker-9", lease.fence)  # not the stale copy's
+    assert lease.is_held() and lease.release()

@@ -5,6 +5,7 @@ Screenshots of the pages go to artifacts/screenshots/ (kept by CI as artefacts).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -107,3 +108,38 @@ def test_an_operator_force_releases_a_held_resource(live_server: Any, make_pool:
         page.goto(f"{live_server.url}/admin/")
         assert page.locator('a[href="/admin/resource_lease/pooloverview/"]').count() >= 1
         page.screenshot(path=SCREENSHOTS / "admin_index.png", full_page=True)
+
+
+def test_an_operator_edits_a_proxy_without_ever_seeing_its_password(
+    live_server: Any, make_pool: Any, page: Any
+) -> None:
+    install_theme(Theme)
+    [proxy] = make_pool("proxy", 1)
+    secret_url = "socks5://crawler:hunter2@192.0.2.7:1080"
+    Resource.objects.filter(pk=proxy.pk).update(data={"url": secret_url, "region": "eu"})
+    User.objects.create_superuser("operator", "operator@example.com", "correct horse")
+
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/resource_lease/resource/{proxy.pk}/change/")
+    page.fill("#id_username", "operator")
+    page.fill("#id_password", "correct horse")
+    page.click("input[type=submit]")
+    page.wait_for_url(f"**/admin/resource_lease/resource/{proxy.pk}/change/")
+
+    shown = page.locator("#id_data").input_value()
+    assert json.loads(shown) == {"url": "socks5://crawler:***@192.0.2.7:1080", "region": "eu"}
+    assert "hunter2" not in page.content()
+    page.screenshot(path=SCREENSHOTS / "resource_change_masked.png", full_page=True)
+
+    page.fill("#id_data", shown.replace('"eu"', '"us"'))  # another key; the mask left in place
+    page.click("input[name=_save]")
+    page.wait_for_url("**/admin/resource_lease/resource/")
+    assert Resource.objects.get(pk=proxy.pk).data == {"url": secret_url, "region": "us"}
+
+    page.goto(f"{live_server.url}/admin/resource_lease/resource/{proxy.pk}/change/")
+    page.fill("#id_data", json.dumps({"url": "socks5://crawler:***@192.0.2.99:1080", "region": "us"}))
+    page.click("input[name=_save]")
+    page.wait_for_load_state()
+    assert 'data["url"]: the password is still the mask ***' in page.locator(".field-data .errorlist").inner_text()
+    assert "hunter2" not in page.content()
+    page.screenshot(path=SCREENSHOTS / "resource_change_mask_refused.png", full_page=True)
+    assert Resource.objects.get(pk=proxy.pk).data == {"url": secret_url, "region": "us"}
