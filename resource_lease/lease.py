@@ -214,6 +214,7 @@ class Lease:
                 Resource.objects.using(alias)
                 .select_for_update()
                 .filter(pk=self.resource.pk, holder=self.holder, fence=self.fence, busy_before__gt=DbNow())
+                .exclude(grant_token="")  # given back (see Dialect.ours)
                 .exists()
             )
             if not current:

@@ -144,11 +144,6 @@ def test_force_release_frees_a_held_resource_and_its_holder_loses_it(pool: dict[
         lease.renew()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core engine: a lease is 'ours' by holder, fence and busy_before only (db/base.py), and releasing a"
-    " quarantined resource sets busy_before to the quarantine's end, so the holder cut off still renews",
-)
 def test_force_release_cuts_off_the_holder_of_a_quarantined_resource(pool: dict[str, Any], staff: Any) -> None:
     client = staff(superuser=True)
     lease = pool["lease"]

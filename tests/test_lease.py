@@ -245,6 +245,33 @@ def test_quarantine_of_a_held_resource_takes_effect_on_release(make_pool) -> Non
     assert (row.state, row.quarantine_reason) == ("quarantined", "slow")
 
 
+@pytest.mark.parametrize("order", ["quarantine, then force release", "force release, then quarantine"])
+def test_force_release_of_a_quarantined_resource_cuts_its_holder_off(make_pool, order: str) -> None:
+    """Regression: releasing a quarantined row leaves busy_before at the quarantine's end, in
+    the future; the cut-off holder (same holder, same fence) must not count that as its lease."""
+    make_pool("proxy", 1)
+    lease = acquire("proxy", ttl=30)
+    steps = [
+        lambda: pool.quarantine([lease.resource], seconds=600, reason="bad exit IP"),
+        lambda: pool.force_release([lease.resource]),
+    ]
+    for step in steps if order.startswith("quarantine") else steps[::-1]:
+        assert step() == 1
+    row = Resource.objects.get(pk=lease.resource.pk)
+    assert (row.holder, row.fence, row.grant_token) == (lease.holder, lease.fence, "")
+    assert row.busy_before > pool.database_now(), "the quarantine keeps busy_before in the future"
+    assert not lease.is_held()
+    with pytest.raises(LeaseLost):
+        lease.renew()
+    with pytest.raises(LeaseLost):
+        with lease.fenced():
+            pass
+    assert lease.release() is False  # no longer ours: the operator gave it back
+    assert Resource.objects.get(pk=row.pk).busy_before == row.busy_before, "the quarantine stands"
+    with pytest.raises(NoResourceAvailable):
+        acquire("proxy", ttl=30)
+
+
 def test_holder_defaults_to_host_pid_thread(make_pool) -> None:
     import os
     import socket

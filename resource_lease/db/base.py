@@ -67,8 +67,10 @@ class Dialect:
         p = self.placeholder
         now = self.now_sql
         # Where the lease condition of a grant is checked: ours (holder and fence, never
-        # "changed rows", see PITFALLS 1) and not yet expired by the database's clock.
-        self.ours = f"id = {p} AND holder = {p} AND fence = {p} AND busy_before > {now}"
+        # "changed rows", see PITFALLS 1), not given back (a release or force release clears
+        # the token, and may leave busy_before in the future: the end of a quarantine), and
+        # not yet expired by the database's clock.
+        self.ours = f"id = {p} AND holder = {p} AND fence = {p} AND grant_token <> '' AND busy_before > {now}"
         self.free = (
             f"kind = {p} AND busy_before <= {now} AND enabled = {self.true}"
             f" AND (quarantined_until IS NULL OR quarantined_until <= {now})"
