@@ -12,6 +12,10 @@ from django.db import connections
 from resource_lease.conf import LeaseSettings, lease_settings
 from resource_lease.db import SUPPORTED_VENDORS
 
+#: MySQLdb.constants.CLIENT.FOUND_ROWS (the MySQL protocol's CLIENT_FOUND_ROWS), without
+#: importing the driver on other vendors.
+_MYSQL_CLIENT_FOUND_ROWS = 2
+
 
 @register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
@@ -88,6 +92,18 @@ def check_vendor_static(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
                     f"Database {alias!r} uses {engine!r}; resource_lease supports MySQL/MariaDB, "
                     "PostgreSQL and SQLite.",
                     id="resource_lease.E002",
+                )
+            )
+        client_flag = (conf.get("OPTIONS") or {}).get("client_flag")
+        if "mysql" in engine and client_flag is not None and not int(client_flag) & _MYSQL_CLIENT_FOUND_ROWS:
+            errors.append(
+                CheckWarning(
+                    f"Database {alias!r}: OPTIONS['client_flag'] replaces the CLIENT.FOUND_ROWS flag Django "
+                    "sets, so UPDATE row counts on your connections (QuerySet.update(), the pool operations' "
+                    "counts) report changed rows, not matched rows.",
+                    hint="Include MySQLdb.constants.CLIENT.FOUND_ROWS in client_flag. (The lease engine's own "
+                    "connections always set it and are not affected.)",
+                    id="resource_lease.W003",
                 )
             )
         if "sqlite3" in engine and alias == lease_settings.DATABASE:

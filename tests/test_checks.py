@@ -43,6 +43,21 @@ def test_unsupported_database_is_an_error() -> None:
     assert "resource_lease.E002" in ids(check_vendor_static())
 
 
+def _mysql(options: dict) -> dict:
+    return {"default": {"ENGINE": "django.db.backends.mysql", "NAME": "x", "OPTIONS": options}}
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_a_mysql_client_flag_without_found_rows_is_a_warning() -> None:
+    with override_settings(DATABASES=_mysql({"client_flag": 0x10000})):  # MULTI_STATEMENTS only
+        (message,) = check_vendor_static()
+    assert message.id == "resource_lease.W003" and "'default'" in message.msg
+    with override_settings(DATABASES=_mysql({"client_flag": 0x10000 | 2})):  # with FOUND_ROWS
+        assert check_vendor_static() == []
+    with override_settings(DATABASES=_mysql({})):
+        assert check_vendor_static() == []
+
+
 @pytest.mark.django_db
 def test_mysql_session_time_zone_not_utc_is_a_warning() -> None:
     if connection.vendor != "mysql":

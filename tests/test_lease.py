@@ -377,3 +377,36 @@ def test_bad_quarantine_arguments_are_refused_and_change_nothing(make_pool) -> N
     with pytest.raises(ValueError, match="reason"):
         pool.quarantine(resources, reason=None, seconds=5)  # type: ignore[arg-type]
     assert snapshot() == before
+
+
+def test_mysql_engine_connections_count_matched_rows_whatever_client_flag_the_user_set(make_pool) -> None:
+    """PITFALLS 1: an OPTIONS["client_flag"] replaces Django's CLIENT.FOUND_ROWS. The engine's
+    own connections must still count matched rows (and take several statements per query)."""
+    from django.db import connection
+
+    from resource_lease.db.connections import close_connections, run
+
+    if connection.vendor != "mysql":
+        pytest.skip("MySQL/MariaDB client flags")
+    row = make_pool("proxy", 1)[0]
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    saved = dict(options)
+    options["client_flag"] = 0
+    close_connections()
+    try:
+
+        def same_value_twice(dialect: Any, cursor: Any) -> list[int]:
+            cursor.execute(f"UPDATE {dialect.table} SET name = name WHERE id = %s; SELECT 1", (row.pk,))
+            counts = [cursor.rowcount]
+            cursor.nextset()
+            cursor.fetchall()
+            return counts
+
+        # Nothing changes, one row matches: with FOUND_ROWS the count is 1, without it 0.
+        assert run("default", same_value_twice, what="probe") == [1]
+        lease = acquire("proxy", ttl=30)
+        assert lease.renew(ttl=30) and lease.release() is True
+    finally:
+        options.clear()
+        options.update(saved)
+        close_connections()
