@@ -13,8 +13,11 @@ What this costs and what it may lose:
   ``AUDIT_FLUSH_INTERVAL`` seconds;
 - if the database refuses the writes, events wait in memory (up to ``AUDIT_MAX_BUFFERED``,
   then new ones are dropped) and the failure and every drop are logged, never silent;
-- an event's ``at`` is the clock of the process that saw it; the lease itself is judged by the
-  database's clock only (``expires_at`` of a grant is the database's).
+- an event's ``at`` is on the database's clock, like everything else about a lease: the event
+  is stamped with the process's monotonic clock when it happens, and the writer maps that to
+  the database's clock read just before the batch is stored (``database_now()``), so a
+  client whose wall clock is hours off still writes true times; the error is the latency of
+  that one read.
 """
 
 from __future__ import annotations
@@ -25,13 +28,13 @@ import datetime as dt
 import logging
 import os
 import threading
+import time
 from collections import defaultdict, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from django.db import connections
-from django.utils import timezone
 
 from resource_lease import signals
 from resource_lease.bulk import insert_many
@@ -46,7 +49,7 @@ BATCH_SIZE = 500
 
 _actor: contextvars.ContextVar[str] = contextvars.ContextVar("resource_lease_audit_actor", default="")
 
-# (database alias, LeaseEvent field values)
+# (database alias, LeaseEvent field values; "at" as time.monotonic() until stored)
 Pending = tuple[str, dict[str, Any]]
 
 
@@ -80,10 +83,12 @@ class AuditWriter:
     # -- the lease path: quick, no I/O ----------------------------------------------
 
     def record(self, using: str, **fields: Any) -> None:
-        """Queue one event for the writer thread."""
+        """Queue one event (LeaseEvent field values but ``at``) for the writer thread; it is
+        stamped now, and stored with this moment on the database's clock."""
         if len(self._pending) >= int(lease_settings.AUDIT_MAX_BUFFERED):
             self._dropped += 1  # reported (approximately, no lock on this path) by the writer
             return
+        fields["at"] = time.monotonic()
         self._pending.append((using, fields))
         thread = self._thread
         if thread is None or not thread.is_alive():
@@ -154,7 +159,7 @@ class AuditWriter:
         refused: list[Pending] = []
         for alias, items in by_alias.items():
             try:
-                insert_many(LeaseEvent, (fields for _, fields in items), using=alias)
+                insert_many(LeaseEvent, _on_database_clock(items, alias), using=alias)
             except Exception:  # the database's error is logged; the events are kept for the next round
                 self._failures += 1
                 if self._failures == 1:
@@ -190,6 +195,17 @@ class AuditWriter:
             self._write(close=True)
 
 
+def _on_database_clock(items: list[Pending], alias: str) -> list[dict[str, Any]]:
+    """The events' field values with ``at`` moved from this process's monotonic clock to the
+    database's (one clock read per batch; the queued events keep their monotonic stamps, so a
+    batch that is refused and stored later still gets its true times)."""
+    from resource_lease.pool import database_now
+
+    now = database_now(alias)
+    mono_now = time.monotonic()
+    return [{**fields, "at": now - dt.timedelta(seconds=mono_now - fields["at"])} for _, fields in items]
+
+
 writer = AuditWriter()
 
 
@@ -220,7 +236,6 @@ def _on_granted(sender: Any, lease: Any, **kwargs: Any) -> None:
     took_over = bool(resource.took_over)
     writer.record(
         lease.using,
-        at=timezone.now(),
         event=LeaseEvent.TAKEN_OVER if took_over else LeaseEvent.GRANTED,
         kind=lease.kind,
         name=resource.name,
@@ -237,7 +252,6 @@ def _on_released(sender: Any, lease: Any, released: bool, **kwargs: Any) -> None
         return
     writer.record(
         lease.using,
-        at=timezone.now(),
         event=LeaseEvent.RELEASED if released else LeaseEvent.RELEASE_REFUSED,
         kind=lease.kind,
         name=lease.resource.name,
@@ -253,7 +267,6 @@ def _on_lost(sender: Any, lease: Any, reason: str, **kwargs: Any) -> None:
         return
     writer.record(
         lease.using,
-        at=timezone.now(),
         event=LeaseEvent.LOST,
         kind=lease.kind,
         name=lease.resource.name,
@@ -267,11 +280,10 @@ def _on_lost(sender: Any, lease: Any, reason: str, **kwargs: Any) -> None:
 def _record_operation(event: str, resources: list[Resource], using: str, detail: str = "") -> None:
     if not lease_settings.AUDIT:
         return
-    at, actor = timezone.now(), _actor.get()
+    actor = _actor.get()
     for resource in resources:
         writer.record(
             using,
-            at=at,
             event=event,
             kind=resource.kind,
             name=resource.name,

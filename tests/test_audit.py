@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.test import override_settings
-from django.utils import timezone
 
 from resource_lease import LeaseLost, acquire, audit
 from resource_lease.models import LeaseEvent, Resource
@@ -97,7 +96,7 @@ def test_a_full_batch_wakes_the_writer_before_its_interval(make_pool: Any, audit
     make_pool("proxy", 1)
     acquire("proxy", ttl=30).release()  # starts the writer, which then sleeps for 60 s
     for _ in range(audit.BATCH_SIZE):
-        writer.record("default", at=timezone.now(), event="lost", kind="proxy", name="x", detail="filler")
+        writer.record("default", event="lost", kind="proxy", name="x", detail="filler")
 
     # Stored within seconds, not a minute: the full queue woke the writer.
     assert wait_for(lambda: LeaseEvent.objects.count() >= audit.BATCH_SIZE)
@@ -200,7 +199,7 @@ def test_events_still_queued_at_exit_are_stored(make_pool: Any) -> None:
 
 def test_a_forked_child_does_not_inherit_queued_events(audit_on: Any) -> None:
     writer = audit_on(AUDIT_FLUSH_INTERVAL=60)
-    writer.record("default", at=timezone.now(), event="granted", kind="proxy", name="p")
+    writer.record("default", event="granted", kind="proxy", name="p")
     pid = os.fork()
     if pid == 0:  # the child: nothing queued, no writer thread inherited
         os._exit(0 if audit.writer.pending() == 0 and audit.writer._thread is None else 1)
@@ -211,8 +210,8 @@ def test_a_forked_child_does_not_inherit_queued_events(audit_on: Any) -> None:
 
 def test_refused_writes_stay_queued_and_are_logged(audit_on: Any, caplog: pytest.LogCaptureFixture) -> None:
     writer = audit_on(AUDIT_FLUSH_INTERVAL=60)
-    writer.record("no-such-alias", at=timezone.now(), event="granted", kind="proxy", name="p")
-    writer.record("default", at=timezone.now(), event="granted", kind="proxy", name="q")
+    writer.record("no-such-alias", event="granted", kind="proxy", name="p")
+    writer.record("default", event="granted", kind="proxy", name="q")
 
     with caplog.at_level(logging.WARNING, logger="resource_lease.audit"):
         assert writer.flush() == 1
@@ -226,7 +225,7 @@ def test_refused_writes_stay_queued_and_are_logged(audit_on: Any, caplog: pytest
 def test_a_full_queue_drops_new_events_and_says_so(audit_on: Any, caplog: pytest.LogCaptureFixture) -> None:
     writer = audit_on(AUDIT_FLUSH_INTERVAL=60, AUDIT_MAX_BUFFERED=3)
     for i in range(5):
-        writer.record("default", at=timezone.now(), event="granted", kind="proxy", name=f"p{i}")
+        writer.record("default", event="granted", kind="proxy", name=f"p{i}")
 
     with caplog.at_level(logging.ERROR, logger="resource_lease.audit"):
         writer.flush()

@@ -162,3 +162,36 @@ def test_skewed_waiter_takes_over_at_expiry_by_the_database_clock(
     assert got["fence"] == abandoned.fence + 1 and got["took_over"]
     assert taken_at >= abandoned.expires_at, f"taken {-late:.3f}s before the expiry"
     assert late < TTL + 30, f"taken {late:.3f}s after the expiry"  # hours, were the waiter's clock used
+
+
+@pytest.mark.parametrize("offset", ["+5h", "-7h"])
+def test_audit_events_of_a_skewed_process_carry_the_database_clock(
+    offset: str,
+    make_pool: Callable[..., list[Resource]],
+    start_holder: Callable[..., Child],
+    figures: Callable[..., Any],
+) -> None:
+    """The audit trail of a process whose wall clock is hours off: every event's time is on
+    the database's clock (the writer maps its monotonic stamps there), not the process's."""
+    from resource_lease.models import LeaseEvent
+    from resource_lease.pool import database_now
+
+    make_pool("audited", 1)
+    env = {**faketime_env(offset), "FAULTS_LEASE_SETTINGS": '{"AUDIT": true}'}
+    holder = start_holder("audited", TTL, auto_renew=False, env=env)
+    got = holder.wait_for("acquired")
+    clocks = holder.command("clocks")["result"]
+    assert holder.command("release")["result"]["released"]
+    assert holder.command("flush_audit")["result"]["stored"] == 2
+    now = database_now()
+
+    events = list(LeaseEvent.objects.filter(kind="audited").order_by("at"))
+    wall_off = (dt.datetime.fromisoformat(clocks["wall"]) - dt.datetime.fromisoformat(clocks["db_now"])).total_seconds()
+    acquired_at = Resource.objects.get(pk=got["pk"]).acquired_at
+    granted_off = (events[0].at - acquired_at).total_seconds() if events else float("nan")
+    figures(f"5-clocks-audit{offset}", events=len(events), wall_minus_db=wall_off, granted_at_minus_db=granted_off)
+    assert abs(wall_off) > 3600, f"libfaketime did not move the wall clock: {clocks}"
+    assert [(e.event, e.fence) for e in events] == [("granted", got["fence"]), ("released", got["fence"])]
+    # Within a second of the database's own grant time, not hours off.
+    assert abs(granted_off) < 1.0, (events[0].at, acquired_at)
+    assert all(acquired_at - dt.timedelta(seconds=1) <= e.at <= now for e in events), [e.at for e in events]

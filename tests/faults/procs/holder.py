@@ -13,6 +13,7 @@ one per line (``<id> <command> [args]``), and answers each with a ``reply`` even
   local check passed (reports ``checked``): the window in which a process paused there
   must be refused by the database itself;
 - ``acquire [timeout]``: acquire again (after a loss or a release); ``state``: lost flag, reason, renewal thread;
+- ``flush_audit``: store the audit events still queued (``resource_lease.audit.flush()``);
 - ``pool_state``: the leased row's state and time left (``pool.with_state``, on the user's
   connection); ``clocks``: this process's wall clock, the database's, the user connection's
   session time zone offset, and the ids the database system checks report; ``exit``.
@@ -135,6 +136,10 @@ class Holder:
         if command == "check":
             lease.check()
             return True
+        if command == "flush_audit":
+            from resource_lease import audit
+
+            return {"stored": audit.flush()}
         if command == "release":
             sent = time.monotonic()
             return {"released": lease.release(), "t_sent": sent}
