@@ -88,7 +88,8 @@ RESOURCE_LEASE = {
 # Celery (project/celery.py, docs/celery.md): the broker from CELERY_BROKER_URL (Redis,
 # RabbitMQ); by default kombu's filesystem transport under var/, which needs no server, so the
 # demo runs on embedded defaults. Results likewise: CELERY_RESULT_BACKEND, else files.
-CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or "filesystem://"
+# (The host in filesystem://localhost// means nothing; without one kombu logs a warning.)
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or "filesystem://localhost//"
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or f"file://{VAR_DIR / 'celery-results'}"
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
 if CELERY_BROKER_URL.startswith("filesystem:"):
