@@ -878,6 +878,67 @@ def test_proxy_holder_holds_only_working_proxies_and_quarantines_broken_ones(
     }
 
 
+@pytest.mark.parametrize("stop", ["close", "terminate"])
+def test_close_while_the_threads_re_acquire_checks_a_working_proxy_does_not_quarantine_it(
+    make_pool: Any, holders: Any, proxies: dict[str, Any], stop: str
+) -> None:
+    servers = proxies["servers"]
+    row = Resource.objects.create(kind="proxy", name="good", data={"url": url_of(servers["good2"])})
+
+    class PausedCheck(ProxyHolder):
+        """The thread's is_valid() waits for ``go_on`` before it looks at the candidate."""
+
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.checking, self.go_on, self.closed = threading.Event(), threading.Event(), threading.Event()
+            self.loss_handled = threading.Event()  # the thread's re-acquire is over
+
+        def is_valid(self) -> bool:
+            if threading.current_thread() is self:
+                self.checking.set()
+                assert self.go_on.wait(30), "the test never let the thread go on"
+            return super().is_valid()
+
+        def close(self) -> bool:
+            released = super().close()
+            self.closed.set()
+            return released
+
+        def _handle_loss(self, lease: Lease, validated: bool, reason: str) -> None:
+            try:
+                super()._handle_loss(lease, validated, reason)
+            finally:
+                self.loss_handled.set()
+
+    holder = holders(PausedCheck, probe_url=url_of(servers["target"]) + "/probe", ttl=2, renew_interval=0.2)
+    old = holder.acquire(timeout=10)
+    holder.start()
+    pool.force_release([row])
+    assert holder.checking.wait(15), "the thread never re-acquired"
+    candidate = holder.lease
+    assert candidate is not None and candidate.fence == old.fence + 1 and not holder.holding
+
+    stopper = None
+    if stop == "close":
+        assert holder.close() is True  # the candidate was stored: close() releases it
+    else:
+        stopper = threading.Thread(target=holder.terminate, kwargs={"timeout": 30})
+        stopper.start()
+        assert holder.closed.wait(10), "terminate() never got through close()"
+    holder.go_on.set()  # is_valid() now finds no resource: that is no verdict on the proxy
+    assert holder.loss_handled.wait(15), "the thread's re-acquire never ended"
+    if stopper is not None:
+        stopper.join(30)
+    else:
+        holder.terminate(timeout=30)
+    assert not holder.is_alive()
+
+    final = Resource.objects.get(pk=row.pk)
+    assert (final.quarantined_until, final.quarantine_reason) == (None, ""), final.quarantine_reason
+    assert state_of(row.pk) == "free" and final.fence == candidate.fence
+    assert holder.lease is None and holder.close() is False
+
+
 def test_probe_proxy_names_what_it_cannot_probe() -> None:
     reason = probe_proxy("socks5://u:p@127.0.0.1:1080", "http://example.com/", timeout=0.5)
     assert reason is not None and "socks5://127.0.0.1:1080" in reason and "u:p" not in reason
