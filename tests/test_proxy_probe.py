@@ -461,6 +461,25 @@ def test_the_context_comes_from_the_class_the_constructor_or_the_systems_cas(cer
     assert default.verify_mode == ssl.CERT_REQUIRED and default.check_hostname
 
 
+MALFORMED = [
+    "http://user:Zq9/Xk7@127.0.0.1:8080",  # urllib reads the port as "Zq9", and says so
+    "http://user:1234/Xk7@127.0.0.1:8080",  # ... or host "user", port 1234
+    "http://user:Zq9#Xk7@127.0.0.1:8080",
+    "user:Zq9?Xk7@127.0.0.1:8080",
+    "127.0.0.1:99999",
+    "http://[::1:8080",
+]
+
+
+@pytest.mark.parametrize("url", MALFORMED)
+@pytest.mark.parametrize("target", ["http://127.0.0.1:9/", "https://127.0.0.1:9/"])
+def test_a_malformed_proxy_url_is_a_reason_that_quotes_none_of_it(url: str, target: str) -> None:
+    # An unencoded "/", "?" or "#" in a password cuts the URL short where urllib reads it.
+    reason = probe_proxy(url, target, timeout=0.5)
+    assert reason is not None and reason.startswith("malformed proxy URL"), reason
+    assert not any(piece in reason for piece in ["Zq9", "Xk7", "1234", "99999", "::1"]), reason
+
+
 # -- ProxyHolder over https, on the database ---------------------------------------------------------
 
 
@@ -479,6 +498,7 @@ def test_proxy_holder_probing_https_holds_working_proxies_and_quarantines_the_re
         "hang": (proxy_url(proxy["hang"], CREDENTIALS), "timed out"),
         "hang-after-200": (proxy_url(proxy["hang-after-200"], CREDENTIALS), "timed out"),
         "intercept": (proxy_url(proxy["intercept"], CREDENTIALS), "did not verify (self-signed certificate)"),
+        "malformed": (proxy_url(proxy["relay"], f"{USER}:{PASSWORD.replace('-', '/')}"), "malformed proxy URL"),
     }
     # Broken ones sort first (least recently used), so every one of them is probed.
     for i, (name, (url, _)) in enumerate(broken.items()):

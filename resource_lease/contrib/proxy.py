@@ -33,6 +33,12 @@ from resource_lease.validation import check_seconds
 USER_AGENT = "resource-lease-proxy-probe/1"
 #: Bytes of the answer read to make sure the proxy relays a body, not just a status line.
 READ_LIMIT = 64 * 1024
+#: The reason for a proxy URL that cannot be read; it quotes nothing of the URL, which may
+#: hold a password.
+MALFORMED = (
+    "malformed proxy URL: expected [http://][user:password@]host:port with no path, query or fragment"
+    ' (percent-encode "/", "?" and "#" in a password)'
+)
 
 
 def _check_probe_url(value: Any) -> str:
@@ -77,8 +83,13 @@ def probe_proxy(
     """
     if ssl_context is not None:
         _check_ssl_context(ssl_context, "ssl_context")
-    proxy = urlsplit(proxy_url if "://" in proxy_url else f"http://{proxy_url}")
-    where = f"{proxy.hostname}:{proxy.port}" if proxy.port else str(proxy.hostname)
+    try:
+        proxy = urlsplit(proxy_url if "://" in proxy_url else f"http://{proxy_url}")
+        where = f"{proxy.hostname}:{proxy.port}" if proxy.port else str(proxy.hostname)
+    except ValueError:  # a bad port or IPv6 literal; its message may quote part of a password
+        return MALFORMED
+    if proxy.path not in ("", "/") or proxy.query or proxy.fragment:
+        return MALFORMED  # an unencoded "/", "?" or "#" in a password: host and port are not what they seem
     if proxy.scheme != "http" or not proxy.hostname:
         return f"unsupported proxy {proxy.scheme}://{where}: the probe speaks to http:// proxies only"
     target = urlsplit(target_url)
