@@ -548,6 +548,14 @@ class ResourceHolder(threading.Thread, metaclass=abc.ABCMeta):
             self._drop(lease)
             raise
         if not ok:
+            with self._state_lock:
+                cancelled = self._stopping.is_set() or self._epoch != epoch
+            if cancelled:
+                # close()/terminate() took the candidate away while is_valid() ran, which may then
+                # have looked at no resource at all (ProxyHolder: "no proxy URL"): that is no
+                # verdict on this one, so let it go without quarantining it.
+                self._drop(lease)
+                self._raise_if_cancelled(epoch)
             self._reject(lease, reason)
             return False
         with self._state_lock:

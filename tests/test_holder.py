@@ -435,6 +435,91 @@ def test_close_stops_the_threads_re_acquire_for_good(make_pool: Any, holders: An
     assert holder.is_alive()
 
 
+def _paused_after_grant(cls: type[Holder]) -> type[Holder]:
+    """``cls`` whose thread, re-acquiring after a loss, stops right after the grant statement
+    returned a fresh lease and before the holder stores it, until ``go_on`` is set."""
+
+    class PausedAfterGrant(cls):  # type: ignore[valid-type,misc]
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.granted = threading.Event()  # the thread holds a grant nobody has seen yet
+            self.go_on = threading.Event()
+            self.closed = threading.Event()  # a close() (terminate()'s too) has returned
+            self.loss_handled = threading.Event()  # the thread's re-acquire is over
+            self.paused_grant: Lease | None = None
+            self.checked: list[int] = []  # fences is_valid() was asked about
+
+        def is_valid(self) -> bool:
+            lease = self.lease
+            self.checked.append(-1 if lease is None else lease.fence)
+            return super().is_valid()
+
+        def _grab(self, *, give_up_if_empty: bool) -> Lease | None:
+            lease = super()._grab(give_up_if_empty=give_up_if_empty)
+            if lease is not None and threading.current_thread() is self and not self.granted.is_set():
+                self.paused_grant = lease
+                self.granted.set()
+                assert self.go_on.wait(30), "the test never let the thread go on"
+            return lease
+
+        def close(self) -> bool:
+            released = super().close()
+            self.closed.set()
+            return released
+
+        def _handle_loss(self, lease: Lease, validated: bool, reason: str) -> None:
+            try:
+                super()._handle_loss(lease, validated, reason)
+            finally:
+                self.loss_handled.set()
+
+    return PausedAfterGrant
+
+
+@pytest.mark.parametrize("stop", ["close", "terminate"])
+@pytest.mark.parametrize("cls", [Holder, Searching], ids=["engine", "search"])
+def test_close_between_the_threads_re_acquire_grant_and_its_storing_leaves_nothing_held(
+    make_pool: Any, holders: Any, cls: type[Holder], stop: str
+) -> None:
+    row = make_pool("h", 1)[0]
+    holder = holders(_paused_after_grant(cls), ttl=2, renew_interval=0.2)
+    old = holder.acquire(timeout=5)
+    holder.start()
+    pool.force_release([row])  # the next renewal is refused: on_lost, then a re-acquire
+    assert holder.granted.wait(15), "the thread never re-acquired"
+    fresh = holder.paused_grant
+    assert fresh is not None and fresh.fence == old.fence + 1
+    # The window: the database has granted the row to this holder, the holder does not know.
+    assert holder.lease is None and state_of(row.pk) == "held"
+    assert Resource.objects.get(pk=row.pk).holder == holder.holder
+
+    stopper = None
+    if stop == "close":
+        assert holder.close() is False  # nothing stored yet, so nothing of its own to release
+    else:  # terminate() from another thread: it joins the thread, which is paused
+        stopper = threading.Thread(target=holder.terminate, kwargs={"timeout": 30})
+        stopper.start()
+        assert holder.closed.wait(10), "terminate() never got through close()"
+    holder.go_on.set()
+    assert holder.loss_handled.wait(15), "the thread's re-acquire never ended"
+    if stopper is not None:
+        stopper.join(30)
+        assert not stopper.is_alive()
+    else:
+        assert holder.close() is False and holder.close() is False  # idempotent
+        holder.terminate(timeout=30)
+    assert not holder.is_alive()
+
+    # The grant made in the window was released, by the database's clock, not left to expire.
+    assert fresh.released
+    assert holder.checked == [old.fence]  # a closed holder does not go on to check the grant
+    assert holder.lease is None and not holder.holding and not holder.lost
+    final = Resource.objects.get(pk=row.pk)
+    assert state_of(row.pk) == "free" and final.grant_token == ""
+    assert final.fence == fresh.fence  # and nothing was granted after it
+    assert holder.close() is False
+
+
 def test_the_local_deadline_holds_without_the_thread(make_pool: Any, holders: Any) -> None:
     make_pool("h", 1)
     holder = holders(ttl=0.5, renew_interval=0.1)
@@ -791,6 +876,67 @@ def test_proxy_holder_holds_only_working_proxies_and_quarantines_broken_ones(
         "disabled": 0,
         "total": 7,
     }
+
+
+@pytest.mark.parametrize("stop", ["close", "terminate"])
+def test_close_while_the_threads_re_acquire_checks_a_working_proxy_does_not_quarantine_it(
+    make_pool: Any, holders: Any, proxies: dict[str, Any], stop: str
+) -> None:
+    servers = proxies["servers"]
+    row = Resource.objects.create(kind="proxy", name="good", data={"url": url_of(servers["good2"])})
+
+    class PausedCheck(ProxyHolder):
+        """The thread's is_valid() waits for ``go_on`` before it looks at the candidate."""
+
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.checking, self.go_on, self.closed = threading.Event(), threading.Event(), threading.Event()
+            self.loss_handled = threading.Event()  # the thread's re-acquire is over
+
+        def is_valid(self) -> bool:
+            if threading.current_thread() is self:
+                self.checking.set()
+                assert self.go_on.wait(30), "the test never let the thread go on"
+            return super().is_valid()
+
+        def close(self) -> bool:
+            released = super().close()
+            self.closed.set()
+            return released
+
+        def _handle_loss(self, lease: Lease, validated: bool, reason: str) -> None:
+            try:
+                super()._handle_loss(lease, validated, reason)
+            finally:
+                self.loss_handled.set()
+
+    holder = holders(PausedCheck, probe_url=url_of(servers["target"]) + "/probe", ttl=2, renew_interval=0.2)
+    old = holder.acquire(timeout=10)
+    holder.start()
+    pool.force_release([row])
+    assert holder.checking.wait(15), "the thread never re-acquired"
+    candidate = holder.lease
+    assert candidate is not None and candidate.fence == old.fence + 1 and not holder.holding
+
+    stopper = None
+    if stop == "close":
+        assert holder.close() is True  # the candidate was stored: close() releases it
+    else:
+        stopper = threading.Thread(target=holder.terminate, kwargs={"timeout": 30})
+        stopper.start()
+        assert holder.closed.wait(10), "terminate() never got through close()"
+    holder.go_on.set()  # is_valid() now finds no resource: that is no verdict on the proxy
+    assert holder.loss_handled.wait(15), "the thread's re-acquire never ended"
+    if stopper is not None:
+        stopper.join(30)
+    else:
+        holder.terminate(timeout=30)
+    assert not holder.is_alive()
+
+    final = Resource.objects.get(pk=row.pk)
+    assert (final.quarantined_until, final.quarantine_reason) == (None, ""), final.quarantine_reason
+    assert state_of(row.pk) == "free" and final.fence == candidate.fence
+    assert holder.lease is None and holder.close() is False
 
 
 def test_probe_proxy_names_what_it_cannot_probe() -> None:
