@@ -315,15 +315,21 @@ class ResourceHolder(threading.Thread, metaclass=abc.ABCMeta):
         self._check_callable_here()
         with self._acquire_mutex:
             with self._state_lock:
-                lease, validated = self._current, self._validated
-            if lease is not None and validated and _trusted(lease):
-                if reason is None:
-                    ok, reason = self._validate()
-                    if ok:
-                        return True
-                self._reject(lease, reason)
+                lease, validated, epoch = self._current, self._validated, self._epoch
             try:
-                self._acquire(wait, in_thread=False)
+                if lease is not None and validated and _trusted(lease):
+                    if reason is None:
+                        ok, reason = self._validate()
+                        if ok:
+                            return True
+                        with self._state_lock:
+                            taken_away = self._stopping.is_set() or self._epoch != epoch
+                        if taken_away:
+                            # close()/terminate() released it while is_valid() ran, which may
+                            # then have looked at no resource at all: no verdict on this one.
+                            self._raise_if_cancelled(epoch)
+                    self._reject(lease, reason)
+                self._acquire(wait, in_thread=False, epoch=epoch)
             except _Cancelled as exc:
                 raise NoResourceAvailable(str(exc), kind=self._kind) from None
             return False
