@@ -1,9 +1,13 @@
-"""LeaseTask with a real Celery worker (a subprocess), a real Redis broker and the test database.
+"""LeaseTask with a real Celery worker (a subprocess), a real broker and the test database.
 
 The worker runs ``celery -A project worker -I tests.procs.celery_tasks`` on a queue of its own
 (so runs on several databases at once cannot steal each other's tasks); tests send tasks by
-name from a client app on the same Redis and judge by what the database and the tasks'
+name from a client app on the same broker and judge by what the database and the tasks'
 evidence files (tests/procs/celery_tasks.py, tests/ledger.py) say.
+
+The broker is Redis (CELERY_TEST_BROKER_URL); tests marked ``on_both_brokers`` also run on
+RabbitMQ (RESOURCE_LEASE_TEST_AMQP_URL, results over ``rpc://``), skipped with the reason if
+it cannot be reached, or failed if RESOURCE_LEASE_REQUIRE_RABBITMQ=1.
 """
 
 from __future__ import annotations
@@ -34,7 +38,10 @@ from tests.ledger import check
 
 pytestmark = pytest.mark.celery
 
-BROKER = os.environ.get("CELERY_TEST_BROKER_URL", "redis://127.0.0.1:6379/5")
+REDIS_URL = os.environ.get("CELERY_TEST_BROKER_URL", "redis://127.0.0.1:6379/5")
+# The default vhost "/" (spelt "//"), on which every queue here has a name of its own.
+AMQP_URL = os.environ.get("RESOURCE_LEASE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+REQUIRE_RABBITMQ = os.environ.get("RESOURCE_LEASE_REQUIRE_RABBITMQ", "") not in ("", "0")
 KIND = "celery-test"  # as in tests/procs/celery_tasks.py
 TTL = 2.0  # the ttl of the tasks there that are not "long ttl"
 
@@ -45,15 +52,20 @@ TTL = 2.0  # the ttl of the tasks there that are not "long ttl"
 class Worker:
     """One ``celery worker`` process (its own session, so its pool children can be killed too)."""
 
-    def __init__(self, queue: str, log: Path, pool: str, concurrency: int, transport_options: dict[str, Any]) -> None:
+    def __init__(
+        self, client: Celery, queue: str, log: Path, pool: str, concurrency: int, transport_options: dict[str, Any]
+    ) -> None:
         self.queue = queue
         self.log = log
         env = worker_env(
-            CELERY_BROKER_URL=BROKER,
-            CELERY_RESULT_BACKEND=BROKER,
+            CELERY_BROKER_URL=client.conf.broker_url,
+            CELERY_RESULT_BACKEND=client.conf.result_backend,
             CELERY_BROKER_TRANSPORT_OPTIONS=json.dumps(transport_options),
         )
-        args = ["-A", "project", "worker", "-I", "tests.procs.celery_tasks", "-Q", queue, "-n", f"{log.stem}@%h"]
+        # A node name of its own too: on RabbitMQ a node's remote-control (pidbox) queue is
+        # exclusive, and a second worker of the same name on the vhost cannot consume from it.
+        name = f"{log.stem}.{queue}@%h"
+        args = ["-A", "project", "worker", "-I", "tests.procs.celery_tasks", "-Q", queue, "-n", name]
         args += ["-P", pool, "-c", str(concurrency), "--without-mingle", "--without-gossip", "--without-heartbeat"]
         args += ["-l", "info"]
         self._out = open(log, "w")  # noqa: SIM115 (closed in stop/kill)
@@ -85,17 +97,52 @@ class Worker:
         self._out.close()
 
 
-@pytest.fixture
-def broker() -> Iterator[Celery]:
+def redis_client() -> Celery:
     redis = pytest.importorskip("redis")
     try:
-        redis.Redis.from_url(BROKER, socket_connect_timeout=2).ping()
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
     except redis.exceptions.RedisError as exc:
-        pytest.skip(f"Redis broker {BROKER} does not answer ({exc}); start redis-server (docs/celery.md)")
-    client = Celery("tests-client", broker=BROKER, backend=BROKER)
+        pytest.skip(f"Redis broker {REDIS_URL} does not answer ({exc}); start redis-server (docs/celery.md)")
+    return Celery("tests-client", broker=REDIS_URL, backend=REDIS_URL)
+
+
+def rabbitmq_client() -> Celery:
+    """A client on RabbitMQ, with results over the broker itself (``rpc://``): no Redis needed."""
+    import amqp
+    from kombu import Connection
+    from kombu.exceptions import OperationalError
+    from kombu.utils.url import maybe_sanitize_url
+
+    problem = None
+    try:
+        with Connection(AMQP_URL, connect_timeout=2) as connection:
+            connection.connect()
+    except (OSError, OperationalError, amqp.exceptions.AMQPError) as exc:
+        problem = repr(exc)  # refused, timed out, no such vhost, bad credentials
+    if problem is not None:
+        reason = f"RabbitMQ broker {maybe_sanitize_url(AMQP_URL)} cannot be used ({problem})"
+        if REQUIRE_RABBITMQ:
+            pytest.fail(f"{reason}, and RESOURCE_LEASE_REQUIRE_RABBITMQ is set", pytrace=False)
+        pytest.skip(f"{reason}; start rabbitmq-server or set RESOURCE_LEASE_TEST_AMQP_URL (docs/celery.md)")
+    return Celery("tests-client", broker=AMQP_URL, backend="rpc://")
+
+
+@pytest.fixture
+def broker(request: pytest.FixtureRequest) -> Iterator[Celery]:
+    """A client app on the broker under test: Redis, or what ``on_both_brokers`` names."""
+    name = getattr(request, "param", "redis")
+    client = {"redis": redis_client, "rabbitmq": rabbitmq_client}[name]()
     client.conf.broker_connection_retry_on_startup = True
     yield client
     client.close()
+
+
+#: Run a test once on Redis and once on RabbitMQ.
+on_both_brokers = pytest.mark.parametrize("broker", ["redis", "rabbitmq"], indirect=True)
+
+
+def is_rabbitmq(broker: Celery) -> bool:
+    return str(broker.conf.broker_url).startswith("amqp")
 
 
 @pytest.fixture
@@ -106,12 +153,13 @@ def celery_worker(tmp_path: Path, broker: Celery) -> Iterator[Callable[..., Work
 
     def start(pool: str = "prefork", concurrency: int = 2, visibility_timeout: float | None = None) -> Worker:
         options: dict[str, Any] = {}
-        if visibility_timeout is not None:
+        if visibility_timeout is not None and not is_rabbitmq(broker):
             # Redelivery of a dead worker's unacked task after visibility_timeout, swept for
-            # every second (kombu's default sweep is every 100 s).
+            # every second (kombu's default sweep is every 100 s). RabbitMQ has no such
+            # timeout: it requeues a consumer's unacked messages when its connection drops.
             options = {"visibility_timeout": visibility_timeout, "unacked_restore_interval": 1}
             options["unacked_restore_throttle"] = 1
-        worker = Worker(queue, tmp_path / f"worker{len(workers)}.log", pool, concurrency, options)
+        worker = Worker(broker, queue, tmp_path / f"worker{len(workers)}.log", pool, concurrency, options)
         workers.append(worker)
         return worker
 
@@ -119,9 +167,13 @@ def celery_worker(tmp_path: Path, broker: Celery) -> Iterator[Callable[..., Work
     for worker in workers:
         if worker.proc.poll() is None:
             worker.kill()
-    import redis
+    if is_rabbitmq(broker):
+        with broker.connection_for_write() as connection:
+            connection.default_channel.queue_delete(queue)
+    else:
+        import redis
 
-    redis.Redis.from_url(BROKER).delete(queue)
+        redis.Redis.from_url(REDIS_URL).delete(queue)
 
 
 def send(broker: Celery, worker: Worker, name: str, *args: Any) -> Any:
