@@ -12,6 +12,7 @@ it cannot be reached, or failed if RESOURCE_LEASE_REQUIRE_RABBITMQ=1.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import math
@@ -202,6 +203,29 @@ def busy_attempts(worker: Worker, task_id: str) -> int:
     return len(set(re.findall(rf"\[{task_id}\]: no '{KIND}' resource free \(attempt (\d+)\)", worker.text())))
 
 
+def last_expiry(resource: Resource, fence: int, timeout: float) -> dt.datetime:
+    """The expiry of grant ``fence`` that nothing renews any more (a dead holder's), read
+    until it has passed by the database's clock or the resource has been granted again."""
+    deadline = time.monotonic() + timeout
+    expiry = None
+    while True:
+        row = with_state(Resource.objects.filter(pk=resource.pk)).values("fence", "busy_before", "state").get()
+        if row["fence"] != fence:
+            break
+        expiry = row["busy_before"]
+        if row["state"] != HELD:
+            break
+        assert time.monotonic() < deadline, f"grant {fence} still held after {timeout}s: is something renewing it?"
+        time.sleep(0.05)
+    assert expiry is not None, f"grant {fence} was already replaced"
+    return expiry
+
+
+def acquired_at(done: dict[str, Any]) -> dt.datetime:
+    """When a task's grant was made, by the database's clock."""
+    return dt.datetime.fromisoformat(done["acquired_at"])
+
+
 def assert_all_free(pool: list[Resource]) -> None:
     states = {r.name: state_of(r)[0] for r in pool}
     assert set(states.values()) == {FREE}, f"leases left behind: {states}"
@@ -313,6 +337,7 @@ def test_eager_apply_waits_the_countdown_between_attempts(
 # -- with a real worker -------------------------------------------------------------------
 
 
+@on_both_brokers
 @pytest.mark.parametrize("pool_type", ["prefork", "threads"])
 def test_tasks_never_share_a_resource_and_all_complete(
     pool_type: str,
@@ -328,7 +353,8 @@ def test_tasks_never_share_a_resource_and_all_complete(
     done = [r.get(timeout=90) for r in results]
 
     verdict = check(tmp_path)
-    print(f"celery {pool_type}: {verdict.summary()}, retries={sum(d['retries'] for d in done)}")
+    on = "rabbitmq" if is_rabbitmq(broker) else "redis"
+    print(f"celery {pool_type} on {on}: {verdict.summary()}, retries={sum(d['retries'] for d in done)}")
     assert verdict.grants == 12
     assert verdict.violations == 0, verdict.summary()
     assert {d["resource"] for d in done} <= {r.pk for r in pool}
@@ -397,25 +423,36 @@ def test_a_lost_lease_is_seen_by_the_task_and_logged_with_its_id(
     assert f"tests.watch_loss[{result.id}] lost its lease on" in worker.text()
 
 
+@on_both_brokers
 def test_a_killed_worker_frees_its_resource_after_ttl_and_the_task_is_redelivered(
     make_pool: Callable[..., list[Resource]], celery_worker: Callable[..., Worker], broker: Celery, tmp_path: Path
 ) -> None:
+    """acks_late: Redis delivers the unacked task again after visibility_timeout, RabbitMQ as
+    soon as the dead worker's connection drops (to a second worker already waiting for it)."""
     (resource,) = make_pool(KIND, 1)
     first = celery_worker(pool="solo", visibility_timeout=4)
     result = send(broker, first, "tests.hold", str(tmp_path), 0.2, 60.0)  # the first delivery holds 60 s
     (marker,) = wait_for(lambda: markers(tmp_path, result.id), 60, "the task to start")
     dead_holder, dead_fence = marker.read_text().splitlines()[:2]
+    second = None
+    if is_rabbitmq(broker):
+        second = celery_worker(pool="prefork", concurrency=2)
+        second.wait_ready()
 
     first.kill()  # SIGKILL mid-task: nothing is released, nothing is acknowledged
     state, holder = state_of(resource)
     assert (state, holder) == (HELD, dead_holder)
     # No one renews it any more: within the ttl (and some slack) it is no longer held.
-    wait_for(lambda: state_of(resource) != (HELD, dead_holder), TTL + 10, "the dead worker's lease to expire")
+    dead_expiry = last_expiry(resource, int(dead_fence), TTL + 10)
 
-    second = celery_worker(pool="prefork", concurrency=2, visibility_timeout=4)
-    done = result.get(timeout=90)  # redelivered after visibility_timeout, run by the second worker
+    if second is None:
+        second = celery_worker(pool="prefork", concurrency=2, visibility_timeout=4)
+    done = result.get(timeout=90)  # redelivered, run by the second worker
     assert done["took_over"] and done["previous_holder"] == dead_holder, done
-    assert done["fence"] > int(dead_fence)
+    assert done["fence"] == int(dead_fence) + 1
+    assert acquired_at(done) >= dead_expiry, "granted before the dead worker's lease expired"
+    if is_rabbitmq(broker):
+        assert done["retries"] >= 1, "redelivered at once, it should have found the resource still held"
     verdict = check(tmp_path)
     assert verdict.grants == 1 and verdict.violations == 0, verdict.summary()
     assert state_of(resource)[0] == FREE

@@ -54,6 +54,7 @@ def _hold(task: LeaseTask, directory: str, seconds: float) -> dict[str, Any]:
         "retries": task.request.retries,
         "took_over": lease.resource.took_over,
         "previous_holder": lease.resource.previous_holder,
+        "acquired_at": lease.resource.acquired_at.isoformat() if lease.resource.acquired_at else None,
     }
 
 
