@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from billiard.exceptions import WorkerLostError
 from celery import Celery
 
 from resource_lease import acquire
@@ -457,6 +458,59 @@ def test_a_killed_worker_frees_its_resource_after_ttl_and_the_task_is_redelivere
     assert verdict.grants == 1 and verdict.violations == 0, verdict.summary()
     assert state_of(resource)[0] == FREE
     assert second.stop() == 0
+
+
+@on_both_brokers
+@pytest.mark.parametrize("requeue", [False, True], ids=["default", "reject_on_worker_lost"])
+def test_a_killed_pool_child_blocks_its_resource_until_ttl_and_the_worker_serves_on(
+    requeue: bool,
+    make_pool: Callable[..., list[Resource]],
+    celery_worker: Callable[..., Worker],
+    broker: Celery,
+    tmp_path: Path,
+) -> None:
+    """SIGKILL to the prefork child running the task; the main worker process lives on.
+
+    The child's lease is neither released (nothing in the main process holds it) nor granted
+    to anyone before it expires by the database's clock, then taken over. The task fails with
+    WorkerLostError (acks_late alone: Celery acknowledges the message) or, with
+    reject_on_worker_lost, goes back to the queue, is delivered again and completes.
+    """
+    (resource,) = make_pool(KIND, 1)
+    worker = celery_worker(pool="prefork", concurrency=2)
+    name = "tests.hold_requeue_on_worker_lost" if requeue else "tests.hold"
+    victim = send(broker, worker, name, str(tmp_path), 0.2, 60.0)  # the first delivery holds 60 s
+    (marker,) = wait_for(lambda: markers(tmp_path, victim.id), 60, "the task to start")
+    dead_holder, dead_fence, child = marker.read_text().splitlines()[:3]
+    assert int(child) != worker.proc.pid, "the task ran in the main worker process, not a pool child"
+
+    os.kill(int(child), signal.SIGKILL)
+    rival = send(broker, worker, "tests.hold", str(tmp_path), 0.2)  # wants the same resource
+    assert state_of(resource) == (HELD, dead_holder)
+    dead_expiry = last_expiry(resource, int(dead_fence), TTL + 10)
+
+    grants = [rival.get(timeout=60)]
+    if requeue:
+        grants.append(victim.get(timeout=60))  # delivered again, and this time it completed
+    else:
+        victim.get(timeout=60, propagate=False)
+        assert victim.state == "FAILURE" and isinstance(victim.result, WorkerLostError), repr(victim.result)
+    # The main process, having dealt with the loss, lives on and serves other tasks.
+    assert send(broker, worker, "tests.plain_noop").get(timeout=30) != int(child)
+    assert worker.proc.poll() is None
+    first = min(grants, key=lambda done: done["fence"])
+    assert first["fence"] == int(dead_fence) + 1
+    assert first["took_over"] and first["previous_holder"] == dead_holder, first
+    for done in grants:
+        assert acquired_at(done) >= dead_expiry, f"granted before the dead child's lease expired: {done}"
+    assert busy_attempts(worker, rival.id) + busy_attempts(worker, victim.id) >= 1, "no one found it held?"
+
+    received = worker.text().count(f"Task {name}[{victim.id}] received")
+    assert received >= 2 if requeue else received == 1, f"{name} received {received} times"
+    verdict = check(tmp_path)
+    assert verdict.grants == len(grants) and verdict.violations == 0, verdict.summary()
+    assert state_of(resource)[0] == FREE
+    assert worker.stop() == 0
 
 
 def test_a_hard_time_limit_leaves_the_resource_held_no_longer_than_ttl(
