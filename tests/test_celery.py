@@ -1,13 +1,18 @@
-"""LeaseTask with a real Celery worker (a subprocess), a real Redis broker and the test database.
+"""LeaseTask with a real Celery worker (a subprocess), a real broker and the test database.
 
 The worker runs ``celery -A project worker -I tests.procs.celery_tasks`` on a queue of its own
 (so runs on several databases at once cannot steal each other's tasks); tests send tasks by
-name from a client app on the same Redis and judge by what the database and the tasks'
+name from a client app on the same broker and judge by what the database and the tasks'
 evidence files (tests/procs/celery_tasks.py, tests/ledger.py) say.
+
+The broker is Redis (CELERY_TEST_BROKER_URL); tests marked ``on_both_brokers`` also run on
+RabbitMQ (RESOURCE_LEASE_TEST_AMQP_URL, results over ``rpc://``), skipped with the reason if
+it cannot be reached, or failed if RESOURCE_LEASE_REQUIRE_RABBITMQ=1.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import math
@@ -22,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from billiard.exceptions import WorkerLostError
 from celery import Celery
 
 from resource_lease import acquire
@@ -34,7 +40,10 @@ from tests.ledger import check
 
 pytestmark = pytest.mark.celery
 
-BROKER = os.environ.get("CELERY_TEST_BROKER_URL", "redis://127.0.0.1:6379/5")
+REDIS_URL = os.environ.get("CELERY_TEST_BROKER_URL", "redis://127.0.0.1:6379/5")
+# The default vhost "/" (spelt "//"), on which every queue here has a name of its own.
+AMQP_URL = os.environ.get("RESOURCE_LEASE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+REQUIRE_RABBITMQ = os.environ.get("RESOURCE_LEASE_REQUIRE_RABBITMQ", "") not in ("", "0")
 KIND = "celery-test"  # as in tests/procs/celery_tasks.py
 TTL = 2.0  # the ttl of the tasks there that are not "long ttl"
 
@@ -45,15 +54,20 @@ TTL = 2.0  # the ttl of the tasks there that are not "long ttl"
 class Worker:
     """One ``celery worker`` process (its own session, so its pool children can be killed too)."""
 
-    def __init__(self, queue: str, log: Path, pool: str, concurrency: int, transport_options: dict[str, Any]) -> None:
+    def __init__(
+        self, client: Celery, queue: str, log: Path, pool: str, concurrency: int, transport_options: dict[str, Any]
+    ) -> None:
         self.queue = queue
         self.log = log
         env = worker_env(
-            CELERY_BROKER_URL=BROKER,
-            CELERY_RESULT_BACKEND=BROKER,
+            CELERY_BROKER_URL=client.conf.broker_url,
+            CELERY_RESULT_BACKEND=client.conf.result_backend,
             CELERY_BROKER_TRANSPORT_OPTIONS=json.dumps(transport_options),
         )
-        args = ["-A", "project", "worker", "-I", "tests.procs.celery_tasks", "-Q", queue, "-n", f"{log.stem}@%h"]
+        # A node name of its own too: on RabbitMQ a node's remote-control (pidbox) queue is
+        # exclusive, and a second worker of the same name on the vhost cannot consume from it.
+        name = f"{log.stem}.{queue}@%h"
+        args = ["-A", "project", "worker", "-I", "tests.procs.celery_tasks", "-Q", queue, "-n", name]
         args += ["-P", pool, "-c", str(concurrency), "--without-mingle", "--without-gossip", "--without-heartbeat"]
         args += ["-l", "info"]
         self._out = open(log, "w")  # noqa: SIM115 (closed in stop/kill)
@@ -85,17 +99,52 @@ class Worker:
         self._out.close()
 
 
-@pytest.fixture
-def broker() -> Iterator[Celery]:
+def redis_client() -> Celery:
     redis = pytest.importorskip("redis")
     try:
-        redis.Redis.from_url(BROKER, socket_connect_timeout=2).ping()
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
     except redis.exceptions.RedisError as exc:
-        pytest.skip(f"Redis broker {BROKER} does not answer ({exc}); start redis-server (docs/celery.md)")
-    client = Celery("tests-client", broker=BROKER, backend=BROKER)
+        pytest.skip(f"Redis broker {REDIS_URL} does not answer ({exc}); start redis-server (docs/celery.md)")
+    return Celery("tests-client", broker=REDIS_URL, backend=REDIS_URL)
+
+
+def rabbitmq_client() -> Celery:
+    """A client on RabbitMQ, with results over the broker itself (``rpc://``): no Redis needed."""
+    import amqp
+    from kombu import Connection
+    from kombu.exceptions import OperationalError
+    from kombu.utils.url import maybe_sanitize_url
+
+    problem = None
+    try:
+        with Connection(AMQP_URL, connect_timeout=2) as connection:
+            connection.connect()
+    except (OSError, OperationalError, amqp.exceptions.AMQPError) as exc:
+        problem = repr(exc)  # refused, timed out, no such vhost, bad credentials
+    if problem is not None:
+        reason = f"RabbitMQ broker {maybe_sanitize_url(AMQP_URL)} cannot be used ({problem})"
+        if REQUIRE_RABBITMQ:
+            pytest.fail(f"{reason}, and RESOURCE_LEASE_REQUIRE_RABBITMQ is set", pytrace=False)
+        pytest.skip(f"{reason}; start rabbitmq-server or set RESOURCE_LEASE_TEST_AMQP_URL (docs/celery.md)")
+    return Celery("tests-client", broker=AMQP_URL, backend="rpc://")
+
+
+@pytest.fixture
+def broker(request: pytest.FixtureRequest) -> Iterator[Celery]:
+    """A client app on the broker under test: Redis, or what ``on_both_brokers`` names."""
+    name = getattr(request, "param", "redis")
+    client = {"redis": redis_client, "rabbitmq": rabbitmq_client}[name]()
     client.conf.broker_connection_retry_on_startup = True
     yield client
     client.close()
+
+
+#: Run a test once on Redis and once on RabbitMQ.
+on_both_brokers = pytest.mark.parametrize("broker", ["redis", "rabbitmq"], indirect=True)
+
+
+def is_rabbitmq(broker: Celery) -> bool:
+    return str(broker.conf.broker_url).startswith("amqp")
 
 
 @pytest.fixture
@@ -106,12 +155,13 @@ def celery_worker(tmp_path: Path, broker: Celery) -> Iterator[Callable[..., Work
 
     def start(pool: str = "prefork", concurrency: int = 2, visibility_timeout: float | None = None) -> Worker:
         options: dict[str, Any] = {}
-        if visibility_timeout is not None:
+        if visibility_timeout is not None and not is_rabbitmq(broker):
             # Redelivery of a dead worker's unacked task after visibility_timeout, swept for
-            # every second (kombu's default sweep is every 100 s).
+            # every second (kombu's default sweep is every 100 s). RabbitMQ has no such
+            # timeout: it requeues a consumer's unacked messages when its connection drops.
             options = {"visibility_timeout": visibility_timeout, "unacked_restore_interval": 1}
             options["unacked_restore_throttle"] = 1
-        worker = Worker(queue, tmp_path / f"worker{len(workers)}.log", pool, concurrency, options)
+        worker = Worker(broker, queue, tmp_path / f"worker{len(workers)}.log", pool, concurrency, options)
         workers.append(worker)
         return worker
 
@@ -119,9 +169,13 @@ def celery_worker(tmp_path: Path, broker: Celery) -> Iterator[Callable[..., Work
     for worker in workers:
         if worker.proc.poll() is None:
             worker.kill()
-    import redis
+    if is_rabbitmq(broker):
+        with broker.connection_for_write() as connection:
+            connection.default_channel.queue_delete(queue)
+    else:
+        import redis
 
-    redis.Redis.from_url(BROKER).delete(queue)
+        redis.Redis.from_url(REDIS_URL).delete(queue)
 
 
 def send(broker: Celery, worker: Worker, name: str, *args: Any) -> Any:
@@ -148,6 +202,29 @@ def markers(directory: Path, task_id: str) -> list[Path]:
 def busy_attempts(worker: Worker, task_id: str) -> int:
     """How many runs of the task found no resource free (by the worker's log)."""
     return len(set(re.findall(rf"\[{task_id}\]: no '{KIND}' resource free \(attempt (\d+)\)", worker.text())))
+
+
+def last_expiry(resource: Resource, fence: int, timeout: float) -> dt.datetime:
+    """The expiry of grant ``fence`` that nothing renews any more (a dead holder's), read
+    until it has passed by the database's clock or the resource has been granted again."""
+    deadline = time.monotonic() + timeout
+    expiry = None
+    while True:
+        row = with_state(Resource.objects.filter(pk=resource.pk)).values("fence", "busy_before", "state").get()
+        if row["fence"] != fence:
+            break
+        expiry = row["busy_before"]
+        if row["state"] != HELD:
+            break
+        assert time.monotonic() < deadline, f"grant {fence} still held after {timeout}s: is something renewing it?"
+        time.sleep(0.05)
+    assert expiry is not None, f"grant {fence} was already replaced"
+    return expiry
+
+
+def acquired_at(done: dict[str, Any]) -> dt.datetime:
+    """When a task's grant was made, by the database's clock."""
+    return dt.datetime.fromisoformat(done["acquired_at"])
 
 
 def assert_all_free(pool: list[Resource]) -> None:
@@ -261,6 +338,7 @@ def test_eager_apply_waits_the_countdown_between_attempts(
 # -- with a real worker -------------------------------------------------------------------
 
 
+@on_both_brokers
 @pytest.mark.parametrize("pool_type", ["prefork", "threads"])
 def test_tasks_never_share_a_resource_and_all_complete(
     pool_type: str,
@@ -276,7 +354,8 @@ def test_tasks_never_share_a_resource_and_all_complete(
     done = [r.get(timeout=90) for r in results]
 
     verdict = check(tmp_path)
-    print(f"celery {pool_type}: {verdict.summary()}, retries={sum(d['retries'] for d in done)}")
+    on = "rabbitmq" if is_rabbitmq(broker) else "redis"
+    print(f"celery {pool_type} on {on}: {verdict.summary()}, retries={sum(d['retries'] for d in done)}")
     assert verdict.grants == 12
     assert verdict.violations == 0, verdict.summary()
     assert {d["resource"] for d in done} <= {r.pk for r in pool}
@@ -345,29 +424,93 @@ def test_a_lost_lease_is_seen_by_the_task_and_logged_with_its_id(
     assert f"tests.watch_loss[{result.id}] lost its lease on" in worker.text()
 
 
+@on_both_brokers
 def test_a_killed_worker_frees_its_resource_after_ttl_and_the_task_is_redelivered(
     make_pool: Callable[..., list[Resource]], celery_worker: Callable[..., Worker], broker: Celery, tmp_path: Path
 ) -> None:
+    """acks_late: Redis delivers the unacked task again after visibility_timeout, RabbitMQ as
+    soon as the dead worker's connection drops (to a second worker already waiting for it)."""
     (resource,) = make_pool(KIND, 1)
     first = celery_worker(pool="solo", visibility_timeout=4)
     result = send(broker, first, "tests.hold", str(tmp_path), 0.2, 60.0)  # the first delivery holds 60 s
     (marker,) = wait_for(lambda: markers(tmp_path, result.id), 60, "the task to start")
     dead_holder, dead_fence = marker.read_text().splitlines()[:2]
+    second = None
+    if is_rabbitmq(broker):
+        second = celery_worker(pool="prefork", concurrency=2)
+        second.wait_ready()
 
     first.kill()  # SIGKILL mid-task: nothing is released, nothing is acknowledged
     state, holder = state_of(resource)
     assert (state, holder) == (HELD, dead_holder)
     # No one renews it any more: within the ttl (and some slack) it is no longer held.
-    wait_for(lambda: state_of(resource) != (HELD, dead_holder), TTL + 10, "the dead worker's lease to expire")
+    dead_expiry = last_expiry(resource, int(dead_fence), TTL + 10)
 
-    second = celery_worker(pool="prefork", concurrency=2, visibility_timeout=4)
-    done = result.get(timeout=90)  # redelivered after visibility_timeout, run by the second worker
+    if second is None:
+        second = celery_worker(pool="prefork", concurrency=2, visibility_timeout=4)
+    done = result.get(timeout=90)  # redelivered, run by the second worker
     assert done["took_over"] and done["previous_holder"] == dead_holder, done
-    assert done["fence"] > int(dead_fence)
+    assert done["fence"] == int(dead_fence) + 1
+    assert acquired_at(done) >= dead_expiry, "granted before the dead worker's lease expired"
+    if is_rabbitmq(broker):
+        assert done["retries"] >= 1, "redelivered at once, it should have found the resource still held"
     verdict = check(tmp_path)
     assert verdict.grants == 1 and verdict.violations == 0, verdict.summary()
     assert state_of(resource)[0] == FREE
     assert second.stop() == 0
+
+
+@on_both_brokers
+@pytest.mark.parametrize("requeue", [False, True], ids=["default", "reject_on_worker_lost"])
+def test_a_killed_pool_child_blocks_its_resource_until_ttl_and_the_worker_serves_on(
+    requeue: bool,
+    make_pool: Callable[..., list[Resource]],
+    celery_worker: Callable[..., Worker],
+    broker: Celery,
+    tmp_path: Path,
+) -> None:
+    """SIGKILL to the prefork child running the task; the main worker process lives on.
+
+    The child's lease is neither released (nothing in the main process holds it) nor granted
+    to anyone before it expires by the database's clock, then taken over. The task fails with
+    WorkerLostError (acks_late alone: Celery acknowledges the message) or, with
+    reject_on_worker_lost, goes back to the queue, is delivered again and completes.
+    """
+    (resource,) = make_pool(KIND, 1)
+    worker = celery_worker(pool="prefork", concurrency=2)
+    name = "tests.hold_requeue_on_worker_lost" if requeue else "tests.hold"
+    victim = send(broker, worker, name, str(tmp_path), 0.2, 60.0)  # the first delivery holds 60 s
+    (marker,) = wait_for(lambda: markers(tmp_path, victim.id), 60, "the task to start")
+    dead_holder, dead_fence, child = marker.read_text().splitlines()[:3]
+    assert int(child) != worker.proc.pid, "the task ran in the main worker process, not a pool child"
+
+    os.kill(int(child), signal.SIGKILL)
+    rival = send(broker, worker, "tests.hold", str(tmp_path), 0.2)  # wants the same resource
+    assert state_of(resource) == (HELD, dead_holder)
+    dead_expiry = last_expiry(resource, int(dead_fence), TTL + 10)
+
+    grants = [rival.get(timeout=60)]
+    if requeue:
+        grants.append(victim.get(timeout=60))  # delivered again, and this time it completed
+    else:
+        victim.get(timeout=60, propagate=False)
+        assert victim.state == "FAILURE" and isinstance(victim.result, WorkerLostError), repr(victim.result)
+    # The main process, having dealt with the loss, lives on and serves other tasks.
+    assert send(broker, worker, "tests.plain_noop").get(timeout=30) != int(child)
+    assert worker.proc.poll() is None
+    first = min(grants, key=lambda done: done["fence"])
+    assert first["fence"] == int(dead_fence) + 1
+    assert first["took_over"] and first["previous_holder"] == dead_holder, first
+    for done in grants:
+        assert acquired_at(done) >= dead_expiry, f"granted before the dead child's lease expired: {done}"
+    assert busy_attempts(worker, rival.id) + busy_attempts(worker, victim.id) >= 1, "no one found it held?"
+
+    received = worker.text().count(f"Task {name}[{victim.id}] received")
+    assert received >= 2 if requeue else received == 1, f"{name} received {received} times"
+    verdict = check(tmp_path)
+    assert verdict.grants == len(grants) and verdict.violations == 0, verdict.summary()
+    assert state_of(resource)[0] == FREE
+    assert worker.stop() == 0
 
 
 def test_a_hard_time_limit_leaves_the_resource_held_no_longer_than_ttl(

@@ -54,7 +54,16 @@ def _hold(task: LeaseTask, directory: str, seconds: float) -> dict[str, Any]:
         "retries": task.request.retries,
         "took_over": lease.resource.took_over,
         "previous_holder": lease.resource.previous_holder,
+        "acquired_at": lease.resource.acquired_at.isoformat() if lease.resource.acquired_at else None,
     }
+
+
+def _hold_once_long(task: LeaseTask, directory: str, seconds: float, first_seconds: float | None) -> dict[str, Any]:
+    redelivery = any(Path(directory).glob(f"started-{task.request.id}.*"))
+    _started(task, directory)
+    if first_seconds is not None and not redelivery:
+        seconds = first_seconds
+    return _hold(task, directory, seconds)
 
 
 @app.task(name="tests.hold", **_short)
@@ -64,11 +73,15 @@ def hold(self: LeaseTask, directory: str, seconds: float, first_seconds: float |
     With ``first_seconds``, the first delivery of the message holds that long instead (so a
     test can kill it) and a redelivery, which finds its own earlier marker, holds ``seconds``.
     """
-    redelivery = any(Path(directory).glob(f"started-{self.request.id}.*"))
-    _started(self, directory)
-    if first_seconds is not None and not redelivery:
-        seconds = first_seconds
-    return _hold(self, directory, seconds)
+    return _hold_once_long(self, directory, seconds, first_seconds)
+
+
+@app.task(name="tests.hold_requeue_on_worker_lost", **(_short | {"reject_on_worker_lost": True}))
+def hold_requeue_on_worker_lost(
+    self: LeaseTask, directory: str, seconds: float, first_seconds: float | None = None
+) -> dict[str, Any]:
+    """Like hold; if the pool process running it dies, the message goes back to the queue."""
+    return _hold_once_long(self, directory, seconds, first_seconds)
 
 
 @app.task(name="tests.hold_long_ttl", **(_short | {"lease_ttl": 60.0}))
