@@ -16,6 +16,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.utils import display_for_value
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -183,6 +184,7 @@ class ResourceAdmin(admin.ModelAdmin):
         *MACHINE_FIELDS,
         "masked_data",
         "state_badge",
+        "busy_before_display",
         "time_left_display",
         "quarantine_display",
         "recent_events",
@@ -196,7 +198,7 @@ class ResourceAdmin(admin.ModelAdmin):
                     "state_badge",
                     "holder",
                     "fence",
-                    "busy_before",
+                    "busy_before_display",
                     "time_left_display",
                     "acquired_at",
                     "renewed_at",
@@ -252,6 +254,12 @@ class ResourceAdmin(admin.ModelAdmin):
                 obj.previous_holder,
             )
         return holder or "-"
+
+    @admin.display(description="busy before", ordering="busy_before")
+    def busy_before_display(self, obj: Resource) -> str:
+        if not obj.fence and not obj.grant_token:
+            return "never leased"  # the model's default expiry, the Unix epoch, says nothing
+        return str(display_for_value(obj.busy_before, "-"))
 
     @admin.display(description="time left", ordering="busy_before")
     def time_left_display(self, obj: Resource) -> str:

@@ -498,3 +498,14 @@ def test_saving_a_masked_payload_never_undoes_a_grant(
     assert saved.data == {"url": SECRET_URL, "region": "us"}
     assert (saved.holder, saved.fence) == ("worker-9", lease.fence)  # not the stale copy's
     assert lease.is_held() and lease.release()
+
+
+def test_change_form_says_never_leased_instead_of_the_epoch(pool: dict[str, Any], staff: Any) -> None:
+    client = staff(superuser=True)
+    never = Resource.objects.get(name="proxy-2")
+    assert never.fence == 0
+    page = client.get(change_url(never)).content.decode()
+    assert "never leased" in page and "1970" not in page
+    held = pool["lease"].resource
+    page = client.get(change_url(held)).content.decode()
+    assert "never leased" not in page and str(pool["lease"].expires_at.year) in page
