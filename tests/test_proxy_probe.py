@@ -313,6 +313,27 @@ def test_a_connect_tunnel_reaches_a_verified_target(tls: dict[str, Any], host: s
     assert "proxy-authorization" not in get
 
 
+def test_a_proxy_url_without_a_port_is_reached_on_port_80_for_an_https_target(tls: dict[str, Any]) -> None:
+    """``http://host`` names an http proxy on port 80, whatever the target's scheme."""
+    import random
+
+    host = f"127.{random.randrange(1, 255)}.{random.randrange(1, 255)}.{random.randrange(2, 255)}"
+    try:
+        server = ThreadingHTTPServer((host, 80), connect_proxy(tls["seen"], "relay", threading.Event()))
+    except OSError as exc:  # not root, or the port is taken on that address
+        pytest.skip(f"cannot listen on {host}:80: {exc}")
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        target = https_url(tls["targets"]["good"])
+        reason = probe_proxy(f"http://{host}", target, timeout=5, ssl_context=tls["certificates"].trusting())
+        assert reason is None, reason
+        assert len(tls["seen"].connects) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_proxy_authorization_goes_on_the_connect_and_never_to_the_target(tls: dict[str, Any]) -> None:
     seen: Seen = tls["seen"]
     target = https_url(tls["targets"]["good"])

@@ -103,7 +103,9 @@ def probe_proxy(
             # An explicit context: a process-wide ssl._create_default_https_context swapped
             # for an unverified one must not make the probe accept any certificate.
             context = ssl.create_default_context() if ssl_context is None else ssl_context
-            conn = http.client.HTTPSConnection(proxy.hostname, proxy.port, timeout=timeout, context=context)
+            # The proxy itself speaks plain http: port 80 when the URL names none (HTTPSConnection
+            # would assume 443 for it).
+            conn = http.client.HTTPSConnection(proxy.hostname, proxy.port or 80, timeout=timeout, context=context)
             conn.set_tunnel(str(target.hostname), target.port, headers=auth)
             path = (target.path or "/") + (f"?{target.query}" if target.query else "")
             conn.request("GET", path, headers={"User-Agent": USER_AGENT})
