@@ -440,17 +440,36 @@ def test_close_stops_the_threads_re_acquire_for_good(make_pool: Any, holders: An
     assert holder.is_alive()
 
 
+class _ReportsStops:
+    """Test mixin for a holder: ``closed`` is set when a close() (terminate()'s too) has
+    returned, ``loss_handled`` when the thread's handling of a loss (its re-acquire) is over."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)  # type: ignore[call-arg]
+        self.closed = threading.Event()
+        self.loss_handled = threading.Event()
+
+    def close(self) -> bool:
+        released: bool = super().close()  # type: ignore[misc]
+        self.closed.set()
+        return released
+
+    def _handle_loss(self, lease: Lease, validated: bool, reason: str) -> None:
+        try:
+            super()._handle_loss(lease, validated, reason)  # type: ignore[misc]
+        finally:
+            self.loss_handled.set()
+
+
 def _paused_after_grant(cls: type[Holder]) -> type[Holder]:
     """``cls`` whose thread, re-acquiring after a loss, stops right after the grant statement
     returned a fresh lease and before the holder stores it, until ``go_on`` is set."""
 
-    class PausedAfterGrant(cls):  # type: ignore[valid-type,misc]
+    class PausedAfterGrant(_ReportsStops, cls):  # type: ignore[valid-type,misc]
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.granted = threading.Event()  # the thread holds a grant nobody has seen yet
             self.go_on = threading.Event()
-            self.closed = threading.Event()  # a close() (terminate()'s too) has returned
-            self.loss_handled = threading.Event()  # the thread's re-acquire is over
             self.paused_grant: Lease | None = None
             self.checked: list[int] = []  # fences is_valid() was asked about
 
@@ -466,17 +485,6 @@ def _paused_after_grant(cls: type[Holder]) -> type[Holder]:
                 self.granted.set()
                 assert self.go_on.wait(30), "the test never let the thread go on"
             return lease
-
-        def close(self) -> bool:
-            released = super().close()
-            self.closed.set()
-            return released
-
-        def _handle_loss(self, lease: Lease, validated: bool, reason: str) -> None:
-            try:
-                super()._handle_loss(lease, validated, reason)
-            finally:
-                self.loss_handled.set()
 
     return PausedAfterGrant
 
@@ -890,30 +898,18 @@ def test_close_while_the_threads_re_acquire_checks_a_working_proxy_does_not_quar
     servers = proxies["servers"]
     row = Resource.objects.create(kind="proxy", name="good", data={"url": url_of(servers["good2"])})
 
-    class PausedCheck(ProxyHolder):
+    class PausedCheck(_ReportsStops, ProxyHolder):
         """The thread's is_valid() waits for ``go_on`` before it looks at the candidate."""
 
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(**kwargs)
-            self.checking, self.go_on, self.closed = threading.Event(), threading.Event(), threading.Event()
-            self.loss_handled = threading.Event()  # the thread's re-acquire is over
+            self.checking, self.go_on = threading.Event(), threading.Event()
 
         def is_valid(self) -> bool:
             if threading.current_thread() is self:
                 self.checking.set()
                 assert self.go_on.wait(30), "the test never let the thread go on"
             return super().is_valid()
-
-        def close(self) -> bool:
-            released = super().close()
-            self.closed.set()
-            return released
-
-        def _handle_loss(self, lease: Lease, validated: bool, reason: str) -> None:
-            try:
-                super()._handle_loss(lease, validated, reason)
-            finally:
-                self.loss_handled.set()
 
     holder = holders(PausedCheck, probe_url=url_of(servers["target"]) + "/probe", ttl=2, renew_interval=0.2)
     old = holder.acquire(timeout=10)
