@@ -556,12 +556,16 @@ class ResourceHolder(threading.Thread, metaclass=abc.ABCMeta):
         if not ok:
             with self._state_lock:
                 cancelled = self._stopping.is_set() or self._epoch != epoch
-            if cancelled:
-                # close()/terminate() took the candidate away while is_valid() ran, which may then
-                # have looked at no resource at all (ProxyHolder: "no proxy URL"): that is no
-                # verdict on this one, so let it go without quarantining it.
+                taken_away = self._current is not lease
+            if cancelled or taken_away:
+                # close()/terminate(), or the thread finding the candidate lost, took it away
+                # while is_valid() ran, which may then have looked at no resource at all
+                # (ProxyHolder: "no proxy URL"): that is no verdict on this one, so let it go
+                # without quarantining it.
                 self._drop(lease)
                 self._raise_if_cancelled(epoch)
+                logger.warning("%s: %r was lost while is_valid() checked it; trying again", self.name, lease)
+                return False
             self._reject(lease, reason)
             return False
         with self._state_lock:

@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from django.db import connections as django_connections
 from django.db import transaction
 
 from resource_lease import pool
@@ -940,6 +941,53 @@ def test_close_while_the_threads_re_acquire_checks_a_working_proxy_does_not_quar
     assert holder.lease is None and holder.close() is False
 
 
+def test_a_candidate_lost_while_is_valid_checks_it_is_not_quarantined(
+    make_pool: Any, holders: Any, proxies: dict[str, Any]
+) -> None:
+    """acquire() (caller's thread) asks is_valid() of a fresh candidate while the holder's
+    thread, renewing it, finds it force-released and drops it: is_valid() then sees no
+    resource. That is no verdict on the proxy: it is not quarantined, and acquire() goes on to
+    a fresh grant."""
+    servers = proxies["servers"]
+    row = Resource.objects.create(kind="proxy", name="good", data={"url": url_of(servers["good2"])})
+
+    class PausedOnce(ProxyHolder):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.checking, self.go_on, self.paused = threading.Event(), threading.Event(), False
+
+        def is_valid(self) -> bool:
+            if not self.paused and threading.current_thread() is not self:
+                self.paused = True
+                self.checking.set()
+                assert self.go_on.wait(30), "the test never let acquire() go on"
+            return super().is_valid()
+
+    holder = holders(PausedOnce, probe_url=url_of(servers["target"]) + "/probe", ttl=2, renew_interval=0.1)
+    holder.start()  # its thread renews the candidate while it is being checked
+    got: list[Any] = []
+
+    def run_acquire() -> None:
+        try:
+            got.append(holder.acquire(timeout=20))
+        finally:
+            close_connections()  # this thread's own engine connection
+            django_connections.close_all()
+
+    acquirer = threading.Thread(target=run_acquire)
+    acquirer.start()
+    assert holder.checking.wait(15), "acquire() never asked is_valid()"
+    first = holder.lease
+    assert first is not None and first.fence == 1
+    assert pool.force_release([row]) == 1
+    wait_for(lambda: holder.lease is None, timeout=10, what="the thread dropping the lost candidate")
+    holder.go_on.set()
+    acquirer.join(30)
+    final = Resource.objects.get(pk=row.pk)
+    assert (final.quarantined_until, final.quarantine_reason) == (None, ""), final.quarantine_reason
+    assert len(got) == 1 and got[0].resource.pk == row.pk and got[0].fence == 2 and holder.holding
+
+
 def test_close_while_fix_checks_a_working_proxy_neither_quarantines_it_nor_acquires_again(
     make_pool: Any, holders: Any, proxies: dict[str, Any]
 ) -> None:
@@ -972,6 +1020,9 @@ def test_close_while_fix_checks_a_working_proxy_neither_quarantines_it_nor_acqui
             outcome.append(holder.fix(timeout=5))
         except Exception as exc:  # noqa: BLE001  (the outcome is what the test checks)
             outcome.append(exc)
+        finally:
+            close_connections()  # this thread's own engine connection
+            django_connections.close_all()
 
     fixer = threading.Thread(target=run_fix)
     fixer.start()
