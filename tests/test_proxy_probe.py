@@ -560,3 +560,13 @@ def test_proxy_holder_with_the_default_context_never_accepts_an_untrusted_target
     row.refresh_from_db()
     assert state_of(row.pk) == "quarantined" and "did not verify" in row.quarantine_reason
     assert tls["seen"].gets == []
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_password_in_the_probe_url_never_reaches_the_reason(tls: dict[str, Any], scheme: str) -> None:
+    """The reason is stored on the quarantined row and shown in the admin: a probe URL with
+    credentials is quoted with its password masked."""
+    target = f"{scheme}://probe-user:probe-secret@127.0.0.1:9/health"
+    reason = probe_proxy(proxy_url(tls["proxy"]["refuse-403"]), target, timeout=2)
+    assert reason is not None and "probe-secret" not in reason, reason
+    assert "probe-user:***@127.0.0.1:9" in reason, reason

@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from resource_lease.holder import ResourceHolder
+from resource_lease.proxy_urls import mask_url
 from resource_lease.validation import check_seconds
 
 USER_AGENT = "resource-lease-proxy-probe/1"
@@ -79,7 +80,7 @@ def probe_proxy(
     and the target's certificate is verified with ``ssl_context`` (default:
     ``ssl.create_default_context()``, the system's CAs; one that does not verify is refused
     with ``ValueError``). The reason names the proxy by host and port only, never its
-    credentials.
+    credentials, and the target with any password masked.
     """
     if ssl_context is not None:
         _check_ssl_context(ssl_context, "ssl_context")
@@ -93,6 +94,7 @@ def probe_proxy(
     if proxy.scheme != "http" or not proxy.hostname:
         return f"unsupported proxy {proxy.scheme}://{where}: the probe speaks to http:// proxies only"
     target = urlsplit(target_url)
+    shown = mask_url(target_url)  # reasons are stored and shown: never a password of the probe URL
     auth: dict[str, str] = {}
     if proxy.username is not None:
         pair = f"{unquote(proxy.username)}:{unquote(proxy.password or '')}".encode()
@@ -114,19 +116,19 @@ def probe_proxy(
             conn.request("GET", target_url, headers={"User-Agent": USER_AGENT, **auth})
     except ssl.SSLCertVerificationError as exc:
         return (
-            f"GET {target_url} through proxy {where} failed: the certificate of {target.hostname} did not"
+            f"GET {shown} through proxy {where} failed: the certificate of {target.hostname} did not"
             f" verify ({exc.verify_message or exc}); the proxy may intercept TLS"
         )
     except (OSError, http.client.HTTPException) as exc:
-        return f"GET {target_url} through proxy {where} failed: {exc or type(exc).__name__}"
+        return f"GET {shown} through proxy {where} failed: {exc or type(exc).__name__}"
     try:
         response = conn.getresponse()
         response.read(READ_LIMIT)
         if not 200 <= response.status < 400:
-            return f"GET {target_url} through proxy {where} answered HTTP {response.status} {response.reason}".rstrip()
+            return f"GET {shown} through proxy {where} answered HTTP {response.status} {response.reason}".rstrip()
         return None
     except (OSError, http.client.HTTPException) as exc:
-        return f"GET {target_url} through proxy {where} failed: {exc or type(exc).__name__}"
+        return f"GET {shown} through proxy {where} failed: {exc or type(exc).__name__}"
     finally:
         conn.close()
 
