@@ -322,12 +322,9 @@ class ResourceHolder(threading.Thread, metaclass=abc.ABCMeta):
                         ok, reason = self._validate()
                         if ok:
                             return True
-                        with self._state_lock:
-                            taken_away = self._stopping.is_set() or self._epoch != epoch
-                        if taken_away:
-                            # close()/terminate() released it while is_valid() ran, which may
-                            # then have looked at no resource at all: no verdict on this one.
-                            self._raise_if_cancelled(epoch)
+                        # A close()/terminate() while is_valid() ran took the resource away,
+                        # and is_valid() may have looked at none: no verdict on this one.
+                        self._raise_if_cancelled(epoch)
                     self._reject(lease, reason)
                 self._acquire(wait, in_thread=False, epoch=epoch)
             except _Cancelled as exc:
@@ -555,9 +552,8 @@ class ResourceHolder(threading.Thread, metaclass=abc.ABCMeta):
             raise
         if not ok:
             with self._state_lock:
-                cancelled = self._stopping.is_set() or self._epoch != epoch
-                taken_away = self._current is not lease
-            if cancelled or taken_away:
+                overtaken = self._current is not lease or self._stopping.is_set() or self._epoch != epoch
+            if overtaken:
                 # close()/terminate(), or the thread finding the candidate lost, took it away
                 # while is_valid() ran, which may then have looked at no resource at all
                 # (ProxyHolder: "no proxy URL"): that is no verdict on this one, so let it go

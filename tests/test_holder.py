@@ -941,6 +941,25 @@ def test_close_while_the_threads_re_acquire_checks_a_working_proxy_does_not_quar
     assert holder.lease is None and holder.close() is False
 
 
+def _call_in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """Start ``call`` in a thread of its own; the list gets its result or the exception it
+    raised. The thread closes its own connections (the engine's and Django's) at the end."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except Exception as exc:  # noqa: BLE001  (the outcome is what the test checks)
+            outcome.append(exc)
+        finally:
+            close_connections()
+            django_connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
 def test_a_candidate_lost_while_is_valid_checks_it_is_not_quarantined(
     make_pool: Any, holders: Any, proxies: dict[str, Any]
 ) -> None:
@@ -965,17 +984,7 @@ def test_a_candidate_lost_while_is_valid_checks_it_is_not_quarantined(
 
     holder = holders(PausedOnce, probe_url=url_of(servers["target"]) + "/probe", ttl=2, renew_interval=0.1)
     holder.start()  # its thread renews the candidate while it is being checked
-    got: list[Any] = []
-
-    def run_acquire() -> None:
-        try:
-            got.append(holder.acquire(timeout=20))
-        finally:
-            close_connections()  # this thread's own engine connection
-            django_connections.close_all()
-
-    acquirer = threading.Thread(target=run_acquire)
-    acquirer.start()
+    acquirer, got = _call_in_thread(lambda: holder.acquire(timeout=20))
     assert holder.checking.wait(15), "acquire() never asked is_valid()"
     first = holder.lease
     assert first is not None and first.fence == 1
@@ -1013,19 +1022,7 @@ def test_close_while_fix_checks_a_working_proxy_neither_quarantines_it_nor_acqui
     holder = holders(PausedCheck, probe_url=url_of(servers["target"]) + "/probe", ttl=30, renew_interval=5)
     held = holder.acquire(timeout=10)
     holder.pause_next = True
-    outcome: list[Any] = []
-
-    def run_fix() -> None:
-        try:
-            outcome.append(holder.fix(timeout=5))
-        except Exception as exc:  # noqa: BLE001  (the outcome is what the test checks)
-            outcome.append(exc)
-        finally:
-            close_connections()  # this thread's own engine connection
-            django_connections.close_all()
-
-    fixer = threading.Thread(target=run_fix)
-    fixer.start()
+    fixer, outcome = _call_in_thread(lambda: holder.fix(timeout=5))
     assert holder.checking.wait(15), "fix() never asked is_valid()"
     assert holder.close() is True
     holder.go_on.set()

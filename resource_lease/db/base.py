@@ -119,30 +119,38 @@ class Dialect:
 
         The same SET list as ``acquire`` (fence + 1, holder, token, expiry by the database's
         clock), conditional on the row being free; the matched-row count decides a race
-        between callers that chose the same row. Plain UPDATE then a read by id and token:
-        every vendor runs it as is.
+        between callers that chose the same row.
         """
         p = self.placeholder
-        cursor.execute(
+        return self.update_returning(
+            cursor,
             f"UPDATE {self.table} SET {self.grant_set} WHERE id = {p} AND {self.free}",
             (holder, token, self.ttl_param(ttl), pk, kind),
+            returning=self.columns,
+            read_back=(f"id = {p} AND grant_token = {p}", (pk, token)),
         )
-        if cursor.rowcount != 1:
-            return None
-        cursor.execute(f"SELECT {self.columns} FROM {self.table} WHERE id = {p} AND grant_token = {p}", (pk, token))
-        rows = cursor.fetchall()
-        return rows[0] if rows else None
 
     def renew(self, cursor: Any, *, pk: int, holder: str, fence: int, ttl: float) -> dt.datetime | None:
         """Extend a live grant of ours; return the new expiry, or None if it is not ours."""
-        cursor.execute(
-            f"UPDATE {self.table} SET busy_before = {self.expiry_sql()}, renewed_at = {self.now_sql}"
-            f" WHERE {self.ours} RETURNING busy_before",
+        p = self.placeholder
+        row = self.update_returning(
+            cursor,
+            f"UPDATE {self.table} SET busy_before = {self.expiry_sql()}, renewed_at = {self.now_sql} WHERE {self.ours}",
             (self.ttl_param(ttl), pk, holder, fence),
+            returning="busy_before",
+            read_back=(f"id = {p} AND fence = {p}", (pk, fence)),
         )
-        row = cursor.fetchone()
-        cursor.fetchall()
         return None if row is None else self.to_datetime(row[0])
+
+    def update_returning(
+        self, cursor: Any, update: str, params: Sequence[Any], *, returning: str, read_back: tuple[str, Sequence[Any]]
+    ) -> Row | None:
+        """Run a single-row ``update``; the ``returning`` columns of the row it changed, or None
+        if it matched none. Here ``UPDATE ... RETURNING``; a vendor without it reads the row
+        back by ``read_back`` (a WHERE clause and its parameters naming that row)."""
+        cursor.execute(f"{update} RETURNING {returning}", params)
+        rows = cursor.fetchall()  # every row: SQLite ends the statement (and its lock) only then
+        return rows[0] if rows else None
 
     def release(self, cursor: Any, *, pk: int, holder: str, fence: int) -> bool:
         cursor.execute(

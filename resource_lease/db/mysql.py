@@ -11,7 +11,7 @@ autocommit transaction, the UPDATE's result read first). rowcount counts matched
 
 from __future__ import annotations
 
-import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
 from resource_lease.db import NOW_SQL
@@ -51,38 +51,32 @@ class MySQLDialect(Dialect):
         finally:
             cursor.close()
 
-    @staticmethod
-    def _update_then_read(cursor: Any, sql: str, params: tuple[Any, ...]) -> list[Row] | None:
-        """Run ``UPDATE ...; SELECT ...`` sent as one query: the SELECT's rows if the UPDATE
-        matched exactly one row, else None. An error in either statement raises here (a lost
-        connection during the SELECT leaves the UPDATE's outcome for the caller to settle)."""
-        cursor.execute(sql, params)
+    def update_returning(
+        self, cursor: Any, update: str, params: Sequence[Any], *, returning: str, read_back: tuple[str, Sequence[Any]]
+    ) -> Row | None:
+        # No RETURNING: the row is read back in the same round trip, the UPDATE and the SELECT
+        # sent as one query. An error in either raises here (a lost connection during the
+        # SELECT leaves the UPDATE's outcome for the caller to settle).
+        where, read_params = read_back
+        cursor.execute(f"{update}; SELECT {returning} FROM {self.table} WHERE {where}", (*params, *read_params))
         matched = cursor.rowcount == 1
         if not cursor.nextset():
             raise RuntimeError("the read of a pipelined UPDATE; SELECT returned no result")
-        rows = list(cursor.fetchall())
-        return rows if matched else None
+        rows = cursor.fetchall()
+        return rows[0] if matched and rows else None
 
     def acquire(self, cursor: Any, *, kind: str, holder: str, token: str, ttl: float) -> Row | None:
         sql, kind_first = self._acquire_sql()
         grant = (holder, token, self.ttl_param(ttl))
         # LAST_INSERT_ID() is the granted row's id when the UPDATE matched; when it did not,
         # it is some earlier id, but the fresh token matches no row then.
-        rows = self._update_then_read(
+        return self.update_returning(
             cursor,
-            f"{sql}; SELECT {self.columns} FROM {self.table} WHERE id = LAST_INSERT_ID() AND grant_token = %s",
-            ((kind, *grant) if kind_first else (*grant, kind)) + (token,),
+            sql,
+            (kind, *grant) if kind_first else (*grant, kind),
+            returning=self.columns,
+            read_back=("id = LAST_INSERT_ID() AND grant_token = %s", (token,)),
         )
-        return rows[0] if rows else None
-
-    def grant(self, cursor: Any, *, pk: int, kind: str, holder: str, token: str, ttl: float) -> Row | None:
-        rows = self._update_then_read(
-            cursor,
-            f"UPDATE {self.table} SET {self.grant_set} WHERE id = %s AND {self.free};"
-            f" SELECT {self.columns} FROM {self.table} WHERE id = %s AND grant_token = %s",
-            (holder, token, self.ttl_param(ttl), pk, kind, pk, token),
-        )
-        return rows[0] if rows else None
 
     def _acquire_sql(self) -> tuple[str, bool]:
         """The acquire statement, and whether its kind parameter comes first."""
@@ -116,16 +110,6 @@ class MySQLDialect(Dialect):
             )
         self._acquire = (sql, kind_first)
         return self._acquire
-
-    def renew(self, cursor: Any, *, pk: int, holder: str, fence: int, ttl: float) -> dt.datetime | None:
-        # No RETURNING: the new expiry is read back by primary key in the same round trip.
-        rows = self._update_then_read(
-            cursor,
-            f"UPDATE {self.table} SET busy_before = {self.expiry_sql()}, renewed_at = {self.now_sql}"
-            f" WHERE {self.ours}; SELECT busy_before FROM {self.table} WHERE id = %s AND fence = %s",
-            (self.ttl_param(ttl), pk, holder, fence, pk, fence),
-        )
-        return self.to_datetime(rows[0][0]) if rows else None
 
     @staticmethod
     def connect_options(options: dict[str, Any], io_timeout: float) -> None:
