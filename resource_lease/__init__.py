@@ -15,6 +15,7 @@ from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost,
 __version__ = "0.1.0"
 
 __all__ = [
+    "Election",
     "Lease",
     "LeaseDatabaseError",
     "LeaseError",
@@ -23,10 +24,12 @@ __all__ = [
     "ResourceHolder",
     "acquire",
     "close_connections",
+    "leader_only",
 ]
 
 if TYPE_CHECKING:
     from resource_lease.db.connections import close_connections
+    from resource_lease.election import Election, leader_only
     from resource_lease.holder import ResourceHolder
     from resource_lease.lease import Lease, acquire
 
@@ -37,6 +40,8 @@ _LAZY = {
     "Lease": "resource_lease.lease",
     "ResourceHolder": "resource_lease.holder",
     "close_connections": "resource_lease.db.connections",
+    "Election": "resource_lease.election",
+    "leader_only": "resource_lease.election",
 }
 
 
