@@ -104,8 +104,10 @@ def test_start_calls_on_elected_then_on_revoked_and_stop_resigns() -> None:
     election = Election("started", ttl=TTL, holder="a")
     calls: list[tuple[str, Any]] = []
     elected = threading.Event()
-    election.start(on_elected=lambda lease: (calls.append(("elected", lease.fence)), elected.set()),
-                   on_revoked=lambda reason: calls.append(("revoked", reason)))
+    election.start(
+        on_elected=lambda lease: (calls.append(("elected", lease.fence)), elected.set()),
+        on_revoked=lambda reason: calls.append(("revoked", reason)),
+    )
     assert elected.wait(10)
     assert election.is_leader()
     with pytest.raises(Exception, match="already started"):
@@ -204,13 +206,13 @@ def test_killed_leader_is_replaced_and_paused_leader_is_revoked_on_resume(spawn_
         procs[pid].send_signal(signal.SIGKILL)
         procs[pid].wait(timeout=10)
         killed_at = time.monotonic()
-        new = wait_until(lambda: (leader_pid(name) or pid) != pid and leader_pid(name), TTL + 10, "a new leader")
+        wait_until(lambda dead=pid: leader_pid(name) not in (None, dead), TTL + 10, "a new leader")
         after = election_row(name)
         takeovers.append(time.monotonic() - killed_at)
         # By the database's clock: granted within one retry interval (1 s) of the dead
         # leader's expiry (plus the statement's own time on a loaded machine).
         gap = (after.acquired_at - row.busy_before).total_seconds() if after.fence == row.fence + 1 else None
-        print(f"SIGKILL of {pid}: {new} leads after {takeovers[-1]:.2f}s; granted {gap}s after the expiry")
+        print(f"SIGKILL of {pid}: {leader_pid(name)} leads after {takeovers[-1]:.2f}s; granted {gap}s after the expiry")
         assert after.fence == row.fence + 1
         assert after.took_over and after.previous_holder == row.holder  # taken over, never released
         assert gap is not None and -0.01 <= gap <= 1.5, gap
@@ -232,7 +234,7 @@ def test_killed_leader_is_replaced_and_paused_leader_is_revoked_on_resume(spawn_
     )
     time.sleep(1.0)
     assert election_row(name).fence > fence and leader_pid(name) != paused
-    for pid, proc in procs.items():
+    for proc in procs.values():
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
