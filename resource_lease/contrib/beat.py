@@ -148,6 +148,7 @@ class LeaderScheduler(Scheduler):
             "entries": {
                 name: {"last_run_at": entry.last_run_at.isoformat(), "total_run_count": entry.total_run_count}
                 for name, entry in self.schedule.items()
+                if entry.last_run_at is not None  # beat sets it when it makes an entry
             }
         }
 
