@@ -1,6 +1,6 @@
 """The main job's one-server periodic job: several servers, one leads, it dies, another goes on.
 
-    python manage.py demo_leader [--servers 3] [--seconds 14] [--ttl 2] [--json]
+    python manage.py demo_leader [--servers 3] [--ticks 5] [--ttl 2] [--json]
 
 Starts ``--servers`` processes (``demo_leader --server``), each calling the same
 ``@leader_only`` job every second, as APScheduler or cron would on every server. The job
@@ -47,6 +47,15 @@ def positive_int(value: str) -> int:
     return number
 
 
+def wait(predicate: Any, what: str, timeout: float = 120.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise CommandError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.1)
+    return value
+
+
 def serve(name: str, ttl: float, seconds: float, events: Path) -> None:
     """One server: call the leader_only job on every tick (each wall-clock second)."""
     from resource_lease import LeaseLost, leader_only
@@ -82,7 +91,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--servers", type=positive_int, default=3, help="processes (at least 2)")
-        parser.add_argument("--seconds", type=positive, default=14.0, help="how long the servers run")
+        parser.add_argument("--ticks", type=positive_int, default=5, help="ticks the new leader runs before the end")
+        parser.add_argument("--seconds", type=positive, default=600.0, help="(internal) how long a server runs")
         parser.add_argument("--ttl", type=positive, default=2.0, help="the job's leadership ttl")
         parser.add_argument("--json", action="store_true", help="print the summary as JSON")
         parser.add_argument("--server", action="store_true", help="(internal) run one server")
@@ -94,7 +104,7 @@ class Command(BaseCommand):
             serve(options["name"], options["ttl"], options["seconds"], Path(options["events"]))
             return
         call_command("migrate", verbosity=0)
-        summary = self.run_demo(options["servers"], options["seconds"], options["ttl"])
+        summary = self.run_demo(options["servers"], options["ticks"], options["ttl"])
         if options["json"]:
             self.stdout.write(json.dumps(summary, indent=2, default=str))
         else:
@@ -102,7 +112,7 @@ class Command(BaseCommand):
         if not summary["ok"]:
             raise CommandError("the one-server job misbehaved: see the summary")
 
-    def run_demo(self, servers: int, seconds: float, ttl: float) -> dict[str, Any]:
+    def run_demo(self, servers: int, ticks: int, ttl: float) -> dict[str, Any]:
         from resource_lease import Election
         from resource_lease.models import Resource
 
@@ -112,29 +122,24 @@ class Command(BaseCommand):
         manage = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "demo_leader", "--server"]
         procs = {}
         for i in range(servers):
-            args = ["--name", name, "--ttl", str(ttl), "--seconds", str(seconds), "--events", str(directory / f"{i}")]
+            args = ["--name", name, "--ttl", str(ttl), "--events", str(directory / f"{i}")]
             proc = subprocess.Popen([*manage, *args], text=True)
             procs[proc.pid] = proc
         observer = Election(name, holder="demo-observer")
         try:
-            deadline = time.monotonic() + seconds
-            while not ((leader := observer.leader()) and observer.state.get("runs", 0) >= 3):
-                if time.monotonic() > deadline:
-                    raise CommandError("no server led the job")
-                time.sleep(0.1)
+            leader = wait(lambda: (h := observer.leader()) and observer.state.get("runs", 0) >= 3 and h, "a leader")
             victim = int(leader.rsplit(":", 1)[1])
             procs[victim].send_signal(signal.SIGKILL)
             procs[victim].wait()
             killed_at = time.time()
             row = Resource.objects.get(kind="@election", name=name)
             left = dict(row.data)
-            for pid, proc in procs.items():
-                if pid != victim:
-                    proc.wait(timeout=seconds + 60)
+            wait(lambda: observer.state.get("runs", 0) >= left["runs"] + ticks, "the new leader's runs")
         finally:
             for proc in procs.values():
                 if proc.poll() is None:
-                    proc.kill()
+                    proc.terminate()
+                proc.wait()
         final = Resource.objects.get(kind="@election", name=name)
         events = [json.loads(line) for path in sorted(directory.iterdir()) for line in path.read_text().splitlines()]
         return self.judge(events, victim, killed_at, left, row, final, servers, ttl)
@@ -201,7 +206,8 @@ class Command(BaseCommand):
         w(f"  and started from     {s['state_new_leader_started_from']}")
         w(
             f"{s['ticks']} ticks ran, ticks run twice: {len(s['ticks_run_twice'])}"
-            f" {s['ticks_run_twice'] or ''}; the others were told who leads {s['otherwise_calls']} times"
+            f"{' ' + str(s['ticks_run_twice']) if s['ticks_run_twice'] else ''};"
+            f" the others were told who leads {s['otherwise_calls']} times (otherwise)"
         )
         cut = (
             f" ({s['runs_cut_short_by_the_kill']} run cut short by the kill)" if s["runs_cut_short_by_the_kill"] else ""
