@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -185,24 +186,30 @@ def test_many_hand_overs_never_two_leaders_and_the_state_passes_exactly(spawn_wo
 
 def test_negative_control_read_then_write_election_is_caught(spawn_worker, tmp_path: Path) -> None:
     """The same check must catch an election that reads "no leader" and then writes blindly."""
-    procs = campaigners(spawn_worker, tmp_path, 4, "--lead", "0.4", "--naive", seconds=6.0)
-    for proc in procs:
-        assert proc.wait(timeout=90) == 0
-    verdict = leadership.check(tmp_path)
-    print(f"negative control: {verdict.summary()}")
-    assert verdict.leaderships >= 5
-    assert verdict.violations > 0, "the checker did not notice two leaders"
+    for attempt in range(3):  # the window is a race; a loaded machine may need another round
+        directory = tmp_path / f"round-{attempt}"
+        directory.mkdir()
+        procs = campaigners(spawn_worker, directory, 4, "--lead", "0.4", "--naive", seconds=6.0)
+        for proc in procs:
+            assert proc.wait(timeout=90) == 0
+        verdict = leadership.check(directory)
+        print(f"negative control: {verdict.summary()}")
+        assert verdict.leaderships >= 5
+        if verdict.violations:
+            return
+    pytest.fail("the checker did not notice two leaders")
 
 
 def test_killed_leader_is_replaced_and_paused_leader_is_revoked_on_resume(spawn_worker, tmp_path: Path) -> None:
     name = tmp_path.name
-    kills = 1 if CI else 2
-    procs = {p.pid: p for p in campaigners(spawn_worker, tmp_path, kills + 2, seconds=40.0)}
+    kills = 2 if CI else 10  # the long mode measures the failover time over 10 kills
+    procs = {p.pid: p for p in campaigners(spawn_worker, tmp_path, 3, seconds=300.0)}
     takeovers: list[float] = []
+    gaps: list[float] = []
     killed: set[str] = set()
     for _ in range(kills):
         pid = wait_until(lambda: leader_pid(name), 30, "a leader")
-        time.sleep(1.0)  # it works and saves a while
+        time.sleep(0.5)  # it works and saves a while
         row = election_row(name)
         procs[pid].send_signal(signal.SIGKILL)
         procs[pid].wait(timeout=10)
@@ -219,6 +226,14 @@ def test_killed_leader_is_replaced_and_paused_leader_is_revoked_on_resume(spawn_
         assert after.took_over and after.previous_holder == row.holder  # taken over, never released
         assert gap is not None and -0.01 <= gap <= 1.5, gap
         assert takeovers[-1] <= TTL + 1.0 + 2.0
+        gaps.append(gap)
+        (fresh,) = campaigners(spawn_worker, tmp_path, 1, seconds=300.0)  # three candidates again
+        procs[fresh.pid] = fresh
+    print(
+        f"failover after SIGKILL (ttl {TTL:g}s, {kills} kills): kill to new leader p50 {statistics.median(takeovers):.2f}s"
+        f" max {max(takeovers):.2f}s; grant after expiry (database clock) p50 {statistics.median(gaps):.3f}s"
+        f" max {max(gaps):.3f}s"
+    )
 
     # SIGSTOP the leader past its ttl: another takes over; on SIGCONT the old one is revoked
     # before any further leader work, and its save_state is refused.

@@ -40,7 +40,7 @@ def naive_try_grant(alias: str, kind: str, name: str, *, holder: str, ttl: float
     rows = Resource.objects.using(alias).filter(kind=kind, name=name)
     if not rows.filter(busy_before__lte=DbNow()).exists():
         return None
-    time.sleep(0.2)  # the window between the read and the write, widened
+    time.sleep(0.4)  # the window between the read and the write, widened
     sent_at = time.monotonic()
     rows.update(
         busy_before=DbNow() + dt.timedelta(seconds=ttl),
