@@ -219,13 +219,13 @@ def test_killed_leader_is_replaced_and_paused_leader_is_revoked_on_resume(spawn_
         after = election_row(name)
         takeovers.append(time.monotonic() - killed_at)
         # By the database's clock: granted within one retry interval (1 s) of the dead
-        # leader's expiry (plus the statement's own time on a loaded machine).
+        # leader's expiry, plus slack for a loaded machine (the figures are printed).
         gap = (after.acquired_at - row.busy_before).total_seconds() if after.fence == row.fence + 1 else None
         print(f"SIGKILL of {pid}: {leader_pid(name)} leads after {takeovers[-1]:.2f}s; granted {gap}s after the expiry")
         assert after.fence == row.fence + 1
         assert after.took_over and after.previous_holder == row.holder  # taken over, never released
-        assert gap is not None and -0.01 <= gap <= 1.5, gap
-        assert takeovers[-1] <= TTL + 1.0 + 2.0
+        assert gap is not None and -0.01 <= gap <= 1.0 + 2.5, gap
+        assert takeovers[-1] <= TTL + 1.0 + 3.0
         gaps.append(gap)
         (fresh,) = campaigners(spawn_worker, tmp_path, 1, seconds=300.0)  # three candidates again
         procs[fresh.pid] = fresh
