@@ -276,6 +276,8 @@ class Election:
                 # One retry interval before standing again: the other candidates, who try
                 # at least that often, get the leadership we just gave up or lost.
                 self._stopping.wait(float(lease_settings.BACKOFF_MAX))
+            # stop() may have given up waiting for us: a leadership won meanwhile is not kept.
+            self.resign()
         finally:
             close_connections()
 
@@ -342,15 +344,17 @@ class LeaderJob:
         self.using = using
         self._election: Election | None = None
         self._running = threading.Lock()  # one body at a time in this process, too
+        self._making = threading.Lock()
         functools.update_wrapper(self, func)
 
     @property
     def election(self) -> Election:
         """This process's candidate (made on first use, and again in a forked child)."""
-        election = self._election
-        if election is None or not election.holder.endswith(f":{os.getpid()}"):
-            election = self._election = Election(self.name, ttl=self.ttl, using=self.using)
-        return election
+        with self._making:
+            election = self._election
+            if election is None or not election.holder.endswith(f":{os.getpid()}"):
+                election = self._election = Election(self.name, ttl=self.ttl, using=self.using)
+            return election
 
     def record(self) -> dict[str, Any]:
         """``{"leader", "expires_at", "state"}``: what ``otherwise`` is given."""
@@ -399,8 +403,8 @@ class LeaderJob:
             lease._auto_renew = False
             try:
                 lease.renew()  # the leadership outlives a failed run too
-            except LeaseLost:
-                pass
+            except LeaseError:
+                logger.warning("renewing %r after its job failed did not work", lease, exc_info=True)
             raise
         lease._auto_renew = False
         if result is not None:
