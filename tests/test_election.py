@@ -229,6 +229,7 @@ def test_killed_leader_is_replaced_and_paused_leader_is_revoked_on_resume(spawn_
         gaps.append(gap)
         (fresh,) = campaigners(spawn_worker, tmp_path, 1, seconds=300.0)  # three candidates again
         procs[fresh.pid] = fresh
+        wait_until(lambda p=fresh.pid: str(p) in leadership.events(tmp_path), 60, "the new candidate to campaign")
     print(
         f"failover after SIGKILL (ttl {TTL:g}s, {kills} kills): kill to new leader p50 {statistics.median(takeovers):.2f}s"
         f" max {max(takeovers):.2f}s; grant after expiry (database clock) p50 {statistics.median(gaps):.3f}s"
@@ -260,4 +261,6 @@ def test_killed_leader_is_replaced_and_paused_leader_is_revoked_on_resume(spawn_
     print(f"kill and pause: {verdict.summary()}; paused leader's last events {mine[-4:]}")
     assert verdict.violations == 0, verdict.summary()
     assert any(f[1] == "REVOKED" for f in mine), mine  # on_revoked was called
+    # Its save_state after the resume is refused (the one it was making, or one it tries anyway).
+    assert any(f[1] in ("STALE-REFUSED", "REFUSED") for f in mine) and not any(f[1] == "STALE-SAVED" for f in mine)
     assert not [f for f in mine if f[1] == "SAVED" and int(f[2]) > fence], "it led again: the check is void"

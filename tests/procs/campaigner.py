@@ -97,6 +97,11 @@ def main() -> None:
                 lease.check()  # the ledger records only a unit that was still ours at its end
             except LeaseLost as exc:
                 log("LOST", str(exc).split(": ")[-1].replace(" ", "_"))
+                try:  # what a leader that ignored the loss would do next: it must be refused
+                    election.save_state({"units": units + 1, "by": worker, "stale": True})
+                    log("STALE-SAVED", lease.fence, units + 1)
+                except LeaseLost:
+                    log("STALE-REFUSED", lease.fence)
                 break
             record(args.dir, worker, Grant(0, lease.fence, start, end, worker))
             try:
