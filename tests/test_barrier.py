@@ -186,3 +186,30 @@ def test_negative_control_an_unfrozen_view_is_caught(spawn_worker: Any) -> None:
     entered = _staggered_round(spawn_worker, "unfrozen", "--unfrozen")
     with pytest.raises(AssertionError, match="computed twice|never"):
         exactly_once(entered)
+
+
+def test_a_member_paused_inside_past_its_ttl_still_computes_only_its_frozen_share(spawn_worker: Any) -> None:
+    """The fault scenario: a member SIGSTOPped inside the barrier past its ttl. The others'
+    leave() completes (it stops counting), and on SIGCONT it computes its share of the frozen
+    cohort, not of whatever is live then: no user twice, none missed, within the cohort."""
+    members = [start(spawn_worker, "paused", f"w-{i}", "--timeout", "120", "--wait-go") for i in range(3)]
+    for m in members:
+        m.next("inside")
+    paused = members[1]
+    paused.proc.send_signal(signal.SIGSTOP)
+    try:
+        for m in (members[0], members[2]):
+            m.send("go")
+        entered = [members[0].next("entered"), members[2].next("entered")]
+        for m in (members[0], members[2]):
+            m.next("left", timeout=TTL + 30)  # not blocked by the paused member
+        assert "w-1" not in live_rows("paused")
+        newcomers = [start(spawn_worker, "paused", f"n-{i}", "--timeout", "120", "--hold", "3") for i in range(3)]
+        assert all(n.next("inside")["round"] == 2 for n in newcomers)  # a new round is inside now
+    finally:
+        paused.proc.send_signal(signal.SIGCONT)
+    paused.send("go")
+    late = paused.next("entered")
+    assert late["round"] == 1 and late["size"] == 3
+    exactly_once([*entered, late])
+    paused.next("left", timeout=60)
