@@ -170,6 +170,7 @@ class Group:
         self.kind = named.row_kind("group", self.name)
         self.holder = process_holder()
         self._lock = threading.RLock()
+        self._joining = threading.Lock()
         self._lease: Lease | None = None
         self._joined = False
         self._wake = threading.Event()  # the lease was lost: take the row again
@@ -190,9 +191,14 @@ class Group:
         """
         wait = check_timeout(timeout)
         refuse_inside_single_writer_transaction(self.using, "Group.join()")
+        with self._joining:  # two threads joining at once: one takes the row, the other sees it joined
+            self._join(wait)
+        return self
+
+    def _join(self, wait: float | None) -> None:
         with self._lock:
             if self._joined:
-                return self
+                return
         lease = wait_for(self._take, timeout=wait)
         if lease is None:
             row = named.read(self.using, self.kind, [self.member]).live(self.member)
@@ -213,7 +219,6 @@ class Group:
                     target=self._keep, name=f"resource-lease-group:{self.name}", daemon=True
                 )
                 self._keeper.start()
-        return self
 
     def _take(self) -> Lease | None:
         """One attempt at the member row; on success its data is written (fenced) and its
