@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -81,3 +83,20 @@ def test_inspect_groups_table(scene: Any, capsys: Any) -> None:
 def test_inspect_groups_with_nothing(capsys: Any) -> None:
     call_command("inspect_groups")
     assert "No group or barrier" in capsys.readouterr().out
+
+
+def test_the_pipeline_demo_computes_every_user_once_with_a_worker_killed_and_replaced() -> None:
+    """``manage.py demo_pipeline`` (the main job's pipeline) on the test database."""
+    from tests.conftest import REPO, worker_env
+
+    done = subprocess.run(
+        [sys.executable, "manage.py", "demo_pipeline", "--workers", "3", "--users", "300", "--ttl", "2"],
+        env=worker_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "users computed: 300 of 300; twice: 0; never: 0" in done.stdout, done.stdout
+    assert "Every user was computed exactly once" in done.stdout
