@@ -153,7 +153,9 @@ class Command(BaseCommand):
             name = f"victim-{k}"
             victim = self.spawn("--member", name, "--mode", "victim", *common)
             wait_until(lambda members, name=name: name in members)
-            time.sleep(ttl / 3 + 0.2)  # a renewal has happened: the kill lands mid-lease
+            time.sleep(
+                ttl / 3 + 0.2
+            )  # renewing; the kill lands anywhere in the renew cycle (expiry 2/3 ttl to ttl later)
             killed_at = time.time()
             victim.send_signal(signal.SIGKILL)
             victim.wait()
