@@ -246,9 +246,22 @@ class Group:
                     return
                 self._wake.clear()
                 backoff = Backoff()
+                warned = False
                 while not self._stop.is_set():
                     try:
                         lease = self._take()
+                        if lease is None and not warned:
+                            row = named.read(self.using, self.kind, [self.member]).live(self.member)
+                            if row is not None and row.holder != self.holder:
+                                # Another process took our name while we were away: say so once,
+                                # and keep trying (it may go away).
+                                logger.warning(
+                                    "group %r: member name %r is held by %s; waiting to join again",
+                                    self.name,
+                                    self.member,
+                                    row.holder,
+                                )
+                                warned = True
                     except LeaseError as exc:
                         logger.warning("group %r: joining again failed, retrying: %s", self.name, exc)
                         lease = None

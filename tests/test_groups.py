@@ -3,6 +3,7 @@ members that die or pause dropping out (and a paused one coming back by itself).
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 from resource_lease import Group, MemberTaken
 from resource_lease.groups import rendezvous_owner
 from resource_lease.models import Resource
+from resource_lease.pool import force_release
 from tests.reports import Reports
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -133,6 +135,36 @@ def test_watch_reports_changes_in_this_process() -> None:
         time.sleep(0.05)
     observer.leave()
     assert seen[:2] == [["m"], []], seen
+
+
+def test_a_member_whose_name_was_taken_while_it_was_out_says_so_and_joins_when_it_is_free() -> None:
+    warnings: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("resource_lease").addHandler(handler)
+    a = Group("taken", ttl=3, member="x").join()
+    try:
+        for _ in range(5):  # a's keeper may win the freed row back first: try again
+            force_release(Resource.objects.filter(kind="@group:taken", name="x"))
+            try:
+                b = Group("taken", ttl=30, member="x").join()
+                break
+            except MemberTaken:
+                time.sleep(0.5)
+        else:
+            pytest.fail("could not take the kicked member's name")
+        deadline = time.monotonic() + 20
+        while not any("is held by" in w for w in warnings):  # a's renewal refused, keeper finds b
+            assert time.monotonic() < deadline, warnings
+            time.sleep(0.1)
+        assert a.index() == -1 and b.index() == 0 and a.members() == ["x"]
+        b.leave()
+        while a.index() != 0:  # free again: a joins by itself
+            assert time.monotonic() < deadline + 20
+            time.sleep(0.1)
+    finally:
+        logging.getLogger("resource_lease").removeHandler(handler)
+        a.leave()
 
 
 @pytest.mark.parametrize(
