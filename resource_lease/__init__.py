@@ -10,16 +10,27 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost, NoResourceAvailable
+from resource_lease.exceptions import (
+    BarrierTimeout,
+    LeaseDatabaseError,
+    LeaseError,
+    LeaseLost,
+    MemberTaken,
+    NoResourceAvailable,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BarrierTimeout",
+    "DoubleBarrier",
     "Election",
+    "Group",
     "Lease",
     "LeaseDatabaseError",
     "LeaseError",
     "LeaseLost",
+    "MemberTaken",
     "NoResourceAvailable",
     "ResourceHolder",
     "acquire",
@@ -28,8 +39,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from resource_lease.barrier import DoubleBarrier
     from resource_lease.db.connections import close_connections
     from resource_lease.election import Election, leader_only
+    from resource_lease.groups import Group
     from resource_lease.holder import ResourceHolder
     from resource_lease.lease import Lease, acquire
 
@@ -42,6 +55,8 @@ _LAZY = {
     "close_connections": "resource_lease.db.connections",
     "Election": "resource_lease.election",
     "leader_only": "resource_lease.election",
+    "Group": "resource_lease.groups",
+    "DoubleBarrier": "resource_lease.barrier",
 }
 
 
