@@ -5,10 +5,11 @@
 
 Every ``period`` seconds of the wall clock (shared by all processes on the machine) is a
 tick; this server's schedule fires for tick k at k * period plus a random offset below
-``spread`` (servers whose clocks or schedulers differ a little). The job's body records its
-interval in the leadership ledger (tests/leadership.py) and returns ``{"units": units + 1,
-"last_tick": k}``. Events (``events-<pid>``): ``RAN k``, ``SAVED <fence> <units>``,
-``OTHERWISE k <leader> <units>``, ``LOST k``.
+``spread`` (servers whose clocks or schedulers differ a little). The job's body runs a short
+critical section and returns ``{"units": units + 1, "last_tick": k}``; a run that returns is
+recorded in the leadership ledger (tests/leadership.py).
+Events (``events-<pid>``): ``BODY k`` (the body started), ``RAN k``, ``SAVED <fence> <units>``,
+``OTHERWISE k <leader> <units>``, ``LOST k`` (the run raised LeaseLost).
 
 ``--release-at-return`` is the negative control: a job that holds its leadership only while
 the body runs (a lock around the body), so a server whose schedule fires later in the same
@@ -62,15 +63,16 @@ def main() -> None:
 
         LeaderJob._run = run_then_release  # type: ignore[method-assign]
 
+    unit: dict[str, int] = {}
+
     @leader_only(args.name, ttl=args.ttl, otherwise=lambda record: ("otherwise", record))
     def job(tick: int, units: int = 0, **state: Any) -> dict[str, Any]:
         lease = job.election.lease
         assert lease is not None
-        start = time.monotonic_ns()
-        critical_section(args.dir, 0, args.hold)
-        end = time.monotonic_ns()
-        lease.check()  # the ledger records only a run that was still the leader's at its end
-        record(args.dir, worker, Grant(0, lease.fence, start, end, worker))
+        log("BODY", tick)
+        unit.update(fence=lease.fence, start=time.monotonic_ns())
+        critical_section(args.dir, 0, args.hold)  # no check() here: leader_only must refuse the run
+        unit["end"] = time.monotonic_ns()
         return {"units": units + 1, "last_tick": tick}
 
     log("READY")
@@ -78,7 +80,7 @@ def main() -> None:
     while time.monotonic() < deadline:
         tick = int(time.time() // args.period) + 1
         time.sleep(max(0.0, tick * args.period + random.uniform(0, args.spread) - time.time()))
-        faulthandler.dump_traceback_later(args.ttl)  # a call stuck past the ttl says where
+        faulthandler.dump_traceback_later(args.ttl * 3)  # a call stuck that long says where
         try:
             result = job(tick)
         except LeaseLost:
@@ -90,9 +92,11 @@ def main() -> None:
             rec = result[1]
             log("OTHERWISE", tick, rec["leader"], rec["state"].get("units", 0), rec["expires_at"] is not None)
         else:
-            lease = job.election.lease
+            # The run returned, so leader_only renewed its leadership at the return: it held
+            # it all along, and the ledger may record the run.
+            record(args.dir, worker, Grant(0, unit["fence"], unit["start"], unit["end"], worker))
             log("RAN", tick)
-            log("SAVED", lease.fence if lease is not None else 0, result["units"])
+            log("SAVED", unit["fence"], result["units"])
     log("STOPPED")
 
 
