@@ -69,9 +69,7 @@ class Worker:
         self.ttl = check_seconds(self.ttl, "ttl")
         self.poll = check_seconds(self.poll, "poll")
         self.pattern = check_pattern(self.pattern)
-        self.queue = Dispenser(
-            self.dispenser_name(), ttl=self.ttl, max_attempts=self.max_attempts, using=self.using
-        )
+        self.queue = Dispenser(self.dispenser_name(), ttl=self.ttl, max_attempts=self.max_attempts, using=self.using)
         self.stats = WorkerStats()
         self._stop = threading.Event()
         self._current: list[WorkItem] = []
@@ -112,7 +110,9 @@ class Worker:
     def run(self, until_empty: bool = False, *, max_batches: int | None = None) -> WorkerStats:
         """Claim and work batches until stopped (SIGTERM, ``stop()``), or, with
         ``until_empty``, until nothing is pending or assigned in the dispenser."""
-        logger.info("worker %s starts on dispenser %r (batch %d, ttl %gs)", self.name, self.queue.name, self.batch, self.ttl)
+        logger.info(
+            "worker %s starts on dispenser %r (batch %d, ttl %gs)", self.name, self.queue.name, self.batch, self.ttl
+        )
         renewer = threading.Thread(target=self._renew_loop, name=f"dispenser-renewal-{self.name}", daemon=True)
         renewer.start()
         try:

@@ -68,7 +68,7 @@ def assert_all_done_exactly_once(d: Dispenser, keys: list[str], ledger: Ledger) 
 
 def test_several_workers_drain_the_pool_each_item_done_exactly_once(spawn_worker, tmp_path: Path) -> None:
     d = Dispenser("drain")
-    keys = [f"item-{i:04d}" for i in range(300)]
+    keys = [f"item-{i:04d}" for i in range(200)]
     d.put({k: {"n": i} for i, k in enumerate(keys)})
     procs = [
         start(spawn_worker, tmp_path, f"w{i}", "--dispenser", "drain", "--batch", "5", "--until-empty")
