@@ -372,6 +372,21 @@ class Dispenser:
             )
         return total
 
+    def retry_failed(self, keys: Iterable[str] | None = None) -> int:
+        """Queue failed items (all, or these keys) again with attempts reset; how many.
+        The last error stays on the item until its next outcome."""
+        key_list, _ = ([], None) if keys is None else self._keys(keys)
+        if keys is not None and not key_list:
+            return 0
+        return sum(
+            run_repeatable(
+                self.using,
+                _statement("retry_failed", dispenser=self.name, keys=chunk),
+                what=f"retrying failed items of {self.name!r}",
+            )
+            for chunk in (list(_chunks(key_list)) or [[]])
+        )
+
     def renew(self, worker: str, keys: Iterable[str | WorkItem] | None = None) -> int:
         """Extend the worker's live claims (all, or these) by ``ttl`` from now; how many."""
         worker = check_name(worker, "worker")

@@ -256,3 +256,13 @@ def test_pending_pick_uses_the_index(vendor: str) -> None:
         assert f"'key': '{NEXT_INDEX}'" in plan and "filesort" not in plan
     else:
         assert NEXT_INDEX in plan and "TEMP B-TREE" not in plan
+
+
+def test_retry_failed_queues_failed_items_again() -> None:
+    d = Dispenser("retry", max_attempts=1)
+    d.put(["a", "b", "c"])
+    d.fail("w", d.assign("w", limit=3), "boom")
+    assert d.retry_failed(["a"]) == 1
+    assert d.counts() == {"pending": 1, "assigned": 0, "done": 0, "failed": 2}
+    assert d.retry_failed() == 2
+    assert [i.attempts for i in d.assign("w", limit=3)] == [1, 1, 1]

@@ -1,8 +1,10 @@
 """The Django admin: one module per concern, each registering its own models.
 
 - ``resources``: the pool of resources (states, quarantine, force release) and its overview.
+- ``dispenser``: the dispensers' counts and their work items (retry failed, release claims).
 """
 
+from resource_lease.admin.dispenser import DispenserItemAdmin
 from resource_lease.admin.resources import PoolOverviewAdmin, ResourceAdmin
 
-__all__ = ["PoolOverviewAdmin", "ResourceAdmin"]
+__all__ = ["DispenserItemAdmin", "PoolOverviewAdmin", "ResourceAdmin"]

@@ -294,6 +294,19 @@ class ItemStatements:
         )
         return int(cursor.rowcount)
 
+    def retry_failed(self, cursor: Any, *, dispenser: str, keys: Sequence[str]) -> int:
+        """Queue failed items (all, or these keys) again with attempts reset."""
+        p = self.p
+        where = f"dispenser = {p} AND state = 'failed'"
+        if keys:
+            where += f" AND item_key IN ({', '.join([p] * len(keys))})"
+        cursor.execute(
+            f"UPDATE {self.table} SET state = 'pending', attempts = 0, finished_at = NULL, expires_at = NULL"
+            f" WHERE {where}",
+            (dispenser, *keys),
+        )
+        return int(cursor.rowcount)
+
     def delete_unclaimed(self, cursor: Any, *, dispenser: str, ids: Sequence[int]) -> int:
         """Delete these items if they are pending (or their claim expired)."""
         p = self.p
