@@ -22,8 +22,8 @@ def admin(admin_user) -> Client:  # noqa: ANN001
     return client
 
 
-def filled() -> Dispenser:
-    d = Dispenser("crawl", ttl=1, max_attempts=1)
+def filled(ttl: float = 60) -> Dispenser:
+    d = Dispenser("crawl", ttl=ttl, max_attempts=1)
     d.put(["a", "b", "c", "d", "e"])
     d.done("w1", d.assign("w1", limit=1))
     d.fail("w1", d.assign("w1", limit=1), "HTTP 502")
@@ -46,7 +46,7 @@ def test_changelist_shows_each_dispensers_counts_and_items(admin: Client) -> Non
 
 
 def test_an_expired_claim_shows_as_expired(admin: Client) -> None:
-    filled()
+    filled(ttl=1)
     time.sleep(1.2)
     html = admin.get(URL, {"state": "expired"}).content.decode()
     assert html.count('class="rl-badge rl-expired"') == 2

@@ -67,10 +67,12 @@ class ItemStatements:
     def pick_and_claim(self, where: Where, order: str) -> str:
         """UPDATE claiming at most n rows matching ``where`` (first n by ``order``); its
         parameters come from ``pick_params``."""
+        # The outer re-check is written with unary "+" (a no-op on the value) so that the
+        # planner drives the UPDATE by the picked ids, not by a scan of the whole range.
         return (
             f"UPDATE {self.table} SET {self.claim_set()}"
             f" WHERE id IN (SELECT id FROM {self.table} WHERE {where('')} ORDER BY {order} LIMIT {self.p})"
-            f" AND {where('')}"
+            f" AND {where('+')}"
         )
 
     def pick_params(self, claim: Sequence[Any], where: Sequence[Any], n: int) -> list[Any]:
@@ -317,15 +319,22 @@ class ItemStatements:
         )
         return int(cursor.rowcount)
 
+    explain = "EXPLAIN QUERY PLAN"
+
     def explain_claim(self, cursor: Any, *, dispenser: str) -> str:
-        """The query plan of the pending-items pick (tests check that it uses the index)."""
-        sql = f"SELECT id FROM {self.table} WHERE dispenser = {self.p} AND state = 'pending' ORDER BY expires_at, id LIMIT 10"
-        cursor.execute(f"EXPLAIN QUERY PLAN {sql}", (dispenser,))
-        return "\n".join(str(row) for row in cursor.fetchall())
+        """The query plan of the claim of pending items (tests check that it reads the index)."""
+        where = lambda q: f"{q}dispenser = {self.p} AND {q}state = 'pending'"  # noqa: E731
+        sql = self.pick_and_claim(where, "expires_at, id")
+        cursor.execute(
+            f"{self.explain} {sql}", self.pick_params(("w", "t", self.dialect.ttl_param(1.0)), [dispenser], 10)
+        )
+        names = [d[0] for d in cursor.description]
+        return "\n".join(str(dict(zip(names, row, strict=True))) for row in cursor.fetchall())
 
 
 class PostgreSQLItemStatements(ItemStatements):
     regex_op = "~"
+    explain = "EXPLAIN"
 
     def json_param(self) -> str:
         return f"CAST({self.p} AS jsonb)"
@@ -345,16 +354,10 @@ class PostgreSQLItemStatements(ItemStatements):
     def pick_params(self, claim: Sequence[Any], where: Sequence[Any], n: int) -> list[Any]:
         return [*where, n, *claim, *where]
 
-    def explain_claim(self, cursor: Any, *, dispenser: str) -> str:
-        cursor.execute(
-            f"EXPLAIN SELECT id FROM {self.table} WHERE dispenser = %s AND state = 'pending'"
-            f" ORDER BY expires_at, id LIMIT 10 FOR UPDATE SKIP LOCKED",
-            (dispenser,),
-        )
-        return "\n".join(str(row[0]) for row in cursor.fetchall())
-
 
 class MySQLItemStatements(ItemStatements):
+    explain = "EXPLAIN"
+
     def insert_ignore(self, columns: str, values: str) -> str:
         # The values are validated before (lengths, text), so IGNORE only skips duplicates.
         return f"INSERT IGNORE INTO {self.table} ({columns}) VALUES {values}"
@@ -376,15 +379,6 @@ class MySQLItemStatements(ItemStatements):
         if self.dialect.connection.features.has_select_for_update_skip_locked:
             return [*where, n, *claim, *where]
         return [*claim, *where, n]
-
-    def explain_claim(self, cursor: Any, *, dispenser: str) -> str:
-        cursor.execute(
-            f"EXPLAIN SELECT id FROM {self.table} FORCE INDEX ({NEXT_INDEX}) WHERE dispenser = %s AND state = 'pending'"
-            f" ORDER BY expires_at, id LIMIT 10",
-            (dispenser,),
-        )
-        names = [d[0] for d in cursor.description]
-        return "\n".join(str(dict(zip(names, row, strict=True))) for row in cursor.fetchall())
 
 
 def item_statements(dialect: Dialect) -> ItemStatements:
