@@ -110,6 +110,7 @@ class Worker:
     def run(self, until_empty: bool = False, *, max_batches: int | None = None) -> WorkerStats:
         """Claim and work batches until stopped (SIGTERM, ``stop()``), or, with
         ``until_empty``, until nothing is pending or assigned in the dispenser."""
+        self._stop.clear()
         logger.info(
             "worker %s starts on dispenser %r (batch %d, ttl %gs)", self.name, self.queue.name, self.batch, self.ttl
         )
