@@ -215,14 +215,16 @@ class Dispenser:
         worker = check_name(worker, "worker")
         limit = check_count(limit, "limit")
         pattern = check_pattern(pattern)
-        token = secrets.token_hex(16)
+        # Own items are claimed under one token, new ones under another: the read-back by
+        # these tokens returns the own ones first.
+        own_token, token = secrets.token_hex(16), secrets.token_hex(16)
         name, ttl, max_attempts = self.name, self.ttl, self.max_attempts
         what = f"assigning items of {name!r} to {worker!r}"
         try:
             got = run(
                 self.using,
                 lambda d, c: item_statements(d).reclaim_own(
-                    c, dispenser=name, worker=worker, token=token, ttl=ttl, max_attempts=max_attempts
+                    c, dispenser=name, worker=worker, token=own_token, ttl=ttl, max_attempts=max_attempts
                 ),
                 what=what,
             )
@@ -260,7 +262,7 @@ class Dispenser:
             logger.warning("connection lost while %s; settling by reading back: %s", what, exc)
         rows = run_repeatable(
             self.using,
-            lambda d, c: item_statements(d).claimed(c, dispenser=name, worker=worker, token=token),
+            lambda d, c: item_statements(d).claimed(c, dispenser=name, worker=worker, tokens=(own_token, token)),
             what=what,
         )
         items = [

@@ -259,3 +259,13 @@ def test_the_claim_statement_reads_the_index_not_the_table(vendor: str) -> None:
         assert on_table and all("'type': 'ALL'" not in line for line in on_table) and "filesort" not in plan
     else:
         assert "TEMP B-TREE" not in plan and "SCAN resource_lease_dispenseritem" not in plan
+
+
+def test_own_items_come_first_even_when_newer() -> None:
+    d = Dispenser("order", ttl=1)
+    d.put(["old-1", "old-2"])
+    d.assign("other", limit=2)  # the oldest items go to another worker...
+    d.put(["mine"])
+    assert [i.key for i in d.assign("me", limit=1)] == ["mine"]
+    time.sleep(1.2)  # ...which dies: its items are free again, and older than mine
+    assert [i.key for i in d.assign("me", limit=3)] == ["mine", "old-1", "old-2"]

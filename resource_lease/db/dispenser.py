@@ -153,13 +153,16 @@ class ItemStatements:
         )
         return int(cursor.rowcount)
 
-    def claimed(self, cursor: Any, *, dispenser: str, worker: str, token: str) -> list[tuple[Any, ...]]:
-        """The live items claimed under ``token``: (id, key, payload, attempts, fence, expiry)."""
+    def claimed(self, cursor: Any, *, dispenser: str, worker: str, tokens: Sequence[str]) -> list[tuple[Any, ...]]:
+        """The live items claimed under these tokens, in their order, each oldest first:
+        (id, key, payload, attempts, fence, expiry)."""
         p = self.p
+        order = " ".join(f"WHEN {p} THEN {i}" for i in range(len(tokens)))
         cursor.execute(
             f"SELECT {CLAIM_COLUMNS} FROM {self.table} WHERE dispenser = {p} AND worker = {p}"
-            f" AND {self.live} AND claim_token = {p} ORDER BY id",
-            (dispenser, worker, token),
+            f" AND {self.live} AND claim_token IN ({', '.join([p] * len(tokens))})"
+            f" ORDER BY CASE claim_token {order} END, id",
+            (dispenser, worker, *tokens, *tokens),
         )
         return [
             (pk, key, _json(payload), attempts, fence, self.dialect.to_datetime(expiry))
