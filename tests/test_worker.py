@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -282,3 +283,24 @@ def test_bad_worker_settings_are_value_errors_naming_them(make: Callable[[], obj
 def test_pid_is_not_needed_in_the_name() -> None:
     assert Worker(name="x", dispenser="d").name == "x"
     assert str(os.getpid()) in Worker(dispenser="d").name
+
+
+def test_the_demo_proves_exactly_once_after_a_kill() -> None:
+    """``manage.py demo_dispenser`` (the main job's dispenser part), small, on the test database."""
+    from django.db import connection
+
+    from tests.conftest import REPO, worker_env
+
+    if connection.vendor != "sqlite":
+        pytest.skip("the main job runs on embedded SQLite; the other backends run the same scenarios above")
+    proc = subprocess.run(
+        [sys.executable, "manage.py", "demo_dispenser", "--items", "60", "--workers", "2", "--ttl", "2"],
+        cwd=REPO,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Every one of the 60 items was done exactly once." in proc.stdout
+    assert "done twice or more: 0, never done: 0" in proc.stdout
