@@ -122,7 +122,14 @@ class Worker:
                     if max_batches is not None and self.stats.batches >= max_batches:
                         break
                     self.before_batch()
-                    items = self.queue.assign(self.name, self.batch, pattern=self.pattern)
+                    try:
+                        items = self.queue.assign(self.name, self.batch, pattern=self.pattern)
+                    except LeaseError as exc:
+                        # The database is unwell: try again after a pause (what this assign
+                        # may have claimed comes back to this name first next time).
+                        logger.error("worker %s: assign failed, retrying in %gs: %s", self.name, self.poll, exc)
+                        self._stop.wait(self.poll)
+                        continue
                     if not items:
                         if until_empty and self.queue.is_empty():
                             break
@@ -175,10 +182,15 @@ class Worker:
             ok = False
             error = f"{type(exc).__name__}: {exc}"
             logger.exception("worker %s failed %r", self.name, item.key)
-        if ok:
-            counted = self.queue.done(self.name, [item]) == 1
-        else:
-            counted = self.queue.fail(self.name, [item], error[:10_000]) == 1
+        try:
+            if ok:
+                counted = self.queue.done(self.name, [item]) == 1
+            else:
+                counted = self.queue.fail(self.name, [item], error[:10_000]) == 1
+        except LeaseError:
+            # Not recorded: the claim runs out and the item is worked again (at least once).
+            logger.exception("worker %s: reporting the outcome of %r failed", self.name, item.key)
+            counted = False
         if not counted:
             self.stats.refused += 1
             logger.error(
