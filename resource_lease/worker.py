@@ -166,8 +166,6 @@ class Worker:
                 logger.info("worker %s stopping: gave back %d unstarted item(s)", self.name, released)
                 break
             self._one(item)
-            with self._current_lock:
-                self._current = items[i + 1 :]
         with self._current_lock:
             self._current = []
 
@@ -182,6 +180,10 @@ class Worker:
             ok = False
             error = f"{type(exc).__name__}: {exc}"
             logger.exception("worker %s failed %r", self.name, item.key)
+        # No longer renewed: its outcome is being reported (and a renewal racing with the
+        # report must not take the finished item for a lost claim).
+        with self._current_lock:
+            self._current = [i for i in self._current if i != item]
         try:
             if ok:
                 counted = self.queue.done(self.name, [item]) == 1
@@ -244,8 +246,10 @@ class Worker:
                     continue
                 last_ok = time.monotonic()
                 if renewed < len(items):
+                    # Items still current now were current during the whole renewal (one is
+                    # dropped only when its outcome is reported), so each must have been renewed.
                     with self._current_lock:
-                        still = len(self._current)
+                        still = sum(1 for i in items if i in self._current)
                     if renewed < still:
                         logger.error(
                             "worker %s lost %d of its %d claim(s): they expired or were taken over",

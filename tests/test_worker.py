@@ -304,3 +304,40 @@ def test_the_demo_proves_exactly_once_after_a_kill() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Every one of the 60 items was done exactly once." in proc.stdout
     assert "done twice or more: 0, never done: 0" in proc.stdout
+
+
+def test_a_claim_lost_while_working_is_logged_loudly_and_its_outcome_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Slow(Worker):
+        dispenser = "lost-claim"
+        batch = 1
+        ttl = 1.5  # renewed every 0.5 s
+
+        def do_work(self, key: str, payload: object) -> bool:
+            Dispenser("lost-claim").release(self.name)  # an operator's "release claims", mid-work
+            time.sleep(1.5)
+            return True
+
+    Dispenser("lost-claim").put(["a"])
+    worker = Slow(name="slow")
+    with caplog.at_level("INFO", logger="resource_lease.worker"):
+        stats = worker.run(max_batches=1)
+    assert (stats.done, stats.refused) == (0, 1)
+    assert "slow lost 1 of its 1 claim(s)" in caplog.text, "the background renewal must report the loss"
+    assert "the outcome of 'a' was refused" in caplog.text
+
+
+def test_renewal_keeps_claims_alive_past_the_ttl() -> None:
+    class Long(Worker):
+        dispenser = "renewed"
+        batch = 2
+        ttl = 1.0
+
+        def do_work(self, key: str, payload: object) -> bool:
+            time.sleep(1.5)  # longer than the ttl: only the background renewal keeps the claim
+            return True
+
+    Dispenser("renewed").put(["a", "b"])
+    stats = Long(name="long").run(until_empty=True)
+    assert (stats.done, stats.refused) == (2, 0)
