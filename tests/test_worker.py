@@ -29,6 +29,7 @@ DRAIN_ITEMS = 120 if os.environ.get("CI") == "true" else 300
 class Ledger:
     accepted: Counter[str] = field(default_factory=Counter)
     refused: Counter[str] = field(default_factory=Counter)
+    worked: Counter[str] = field(default_factory=Counter)
     by_worker: dict[str, set[str]] = field(default_factory=dict)
     batches: list[list[str]] = field(default_factory=list)
 
@@ -43,6 +44,8 @@ def read_ledger(directory: Path) -> Ledger:
             word, *rest = line.split(" ")
             if word == "batch":
                 ledger.batches.append(rest)
+            elif word == "work":
+                ledger.worked[rest[0]] += 1
             elif word in ("accepted", "refused"):
                 key, _fence, worker = rest
                 getattr(ledger, word)[key] += 1
@@ -69,19 +72,34 @@ def assert_all_done_exactly_once(d: Dispenser, keys: list[str], ledger: Ledger) 
     assert d.counts() == {"pending": 0, "assigned": 0, "done": len(keys), "failed": 0}
 
 
-def test_several_workers_drain_the_pool_each_item_done_exactly_once(spawn_worker, tmp_path: Path) -> None:
-    d = Dispenser("drain")
+def drain(spawn_worker, tmp_path: Path, name: str, *flags: str) -> tuple[Dispenser, list[str], Ledger]:
+    d = Dispenser(name)
     keys = [f"item-{i:04d}" for i in range(DRAIN_ITEMS)]
     d.put({k: {"n": i} for i, k in enumerate(keys)})
     procs = [
-        start(spawn_worker, tmp_path, f"w{i}", "--dispenser", "drain", "--batch", "5", "--until-empty")
+        start(spawn_worker, tmp_path, f"w{i}", "--dispenser", name, "--batch", "5", "--until-empty", *flags)
         for i in range(4)
     ]
     for proc in procs:
-        assert proc.wait(timeout=120) == 0
-    ledger = read_ledger(tmp_path)
+        assert proc.wait(timeout=180) == 0
+    return d, keys, read_ledger(tmp_path)
+
+
+def test_several_workers_drain_the_pool_each_item_done_exactly_once(spawn_worker, tmp_path: Path) -> None:
+    d, keys, ledger = drain(spawn_worker, tmp_path, "drain")
     assert_all_done_exactly_once(d, keys, ledger)
+    twice = {k: n for k, n in ledger.worked.items() if n > 1}
+    assert twice == {}, f"worked by two workers: {twice}"
     assert len(ledger.by_worker) >= 2, "the workers should share the pool"
+
+
+def test_negative_control_an_unconditional_claim_is_caught(spawn_worker, tmp_path: Path) -> None:
+    """The same check must catch an assign that reads pending items, then claims them with an
+    unconditional UPDATE: two workers then work one item."""
+    _d, _keys, ledger = drain(spawn_worker, tmp_path, "naive-assign", "--naive-assign")
+    twice = {k: n for k, n in ledger.worked.items() if n > 1}
+    print(f"negative control (assign): {len(twice)} items worked twice or more")
+    assert twice, "the check did not notice a broken assign"
 
 
 def test_a_worker_killed_mid_batch_leaves_its_items_to_the_others_after_its_ttl(spawn_worker, tmp_path: Path) -> None:

@@ -3,10 +3,12 @@
     python -m tests.procs.dispenser_worker --dispenser D --name N --dir LEDGER
         [--batch B] [--ttl T] [--hold H] [--until-empty] [--naive] [--folder F] [--fail-pattern P]
 
-Ledger lines (``ledger-<pid>``): ``batch <key> <key> ...`` for each claimed batch, then
-``<accepted|refused> <key> <fence> <name>`` for each outcome ``done`` reported. ``--naive``
-uses a deliberately broken ``done`` that marks the key done without asking whether the claim
-is still this worker's and live: the negative control the exactly-once check must catch.
+Ledger lines (``ledger-<pid>``): ``batch <key> <key> ...`` for each claimed batch,
+``work <key> <name>`` when ``do_work`` starts on a key, then ``<accepted|refused> <key> <fence>
+<name>`` for each outcome ``done`` reported. Negative controls the checks must catch:
+``--naive`` uses a broken ``done`` that marks the key done without asking whether the claim is
+still this worker's and live; ``--naive-assign`` a broken ``assign`` that reads pending items,
+then claims them with an unconditional UPDATE.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def main() -> None:
     parser.add_argument("--hold", type=float, default=0.0)
     parser.add_argument("--until-empty", action="store_true")
     parser.add_argument("--naive", action="store_true")
+    parser.add_argument("--naive-assign", action="store_true")
     parser.add_argument("--folder", default="")
     parser.add_argument("--fail-pattern", default="")
     args = parser.parse_args()
@@ -54,8 +57,32 @@ def main() -> None:
             keys = [k.key if isinstance(k, WorkItem) else k for k in keys]
             return DispenserItem.objects.filter(dispenser=self.name, key__in=keys).update(state="done")
 
+    class NaiveAssignDispenser(Dispenser):
+        def assign(self, worker: str, limit: int = 1, *, pattern: str | None = None) -> list[WorkItem]:
+            import datetime as dt
+
+            from django.db.models import F
+
+            from resource_lease.db import DbNow
+
+            pending = DispenserItem.objects.filter(dispenser=self.name, state="pending").order_by("id")
+            ids = list(pending.values_list("id", flat=True)[:limit])
+            time.sleep(0.005)  # the window between the read and the write, widened
+            DispenserItem.objects.filter(id__in=ids).update(
+                state="assigned",
+                worker=worker,
+                fence=F("fence") + 1,
+                attempts=F("attempts") + 1,
+                expires_at=DbNow() + dt.timedelta(seconds=self.ttl),
+            )
+            rows = DispenserItem.objects.filter(id__in=ids).order_by("id")
+            return [WorkItem(r.key, r.payload, r.attempts, r.fence, self.name) for r in rows]
+
     class Ledgered:
+        name: str
+
         def do_work(self, key: str, payload: Any) -> bool:
+            write(f"work {key} {self.name}")
             time.sleep(args.hold)
             return not (args.fail_pattern and re.fullmatch(args.fail_pattern, key))
 
@@ -78,8 +105,9 @@ def main() -> None:
             super()._work(items)
 
     worker = TestWorker(name=args.name)
-    if args.naive:
-        worker.queue = NaiveDispenser(worker.queue.name, ttl=args.ttl, max_attempts=worker.queue.max_attempts)
+    if args.naive or args.naive_assign:
+        broken = NaiveDispenser if args.naive else NaiveAssignDispenser
+        worker.queue = broken(worker.queue.name, ttl=args.ttl, max_attempts=worker.queue.max_attempts)
     stats = worker.run(until_empty=args.until_empty)
     write(f"stats {stats.done} {stats.failed} {stats.refused} {stats.released}")
 
