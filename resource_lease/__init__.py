@@ -10,17 +10,28 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost, NoResourceAvailable
+from resource_lease.exceptions import (
+    BarrierTimeout,
+    LeaseDatabaseError,
+    LeaseError,
+    LeaseLost,
+    MemberTaken,
+    NoResourceAvailable,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BarrierTimeout",
     "Dispenser",
+    "DoubleBarrier",
     "FolderWorker",
+    "Group",
     "Lease",
     "LeaseDatabaseError",
     "LeaseError",
     "LeaseLost",
+    "MemberTaken",
     "NoResourceAvailable",
     "ResourceHolder",
     "WorkItem",
@@ -30,8 +41,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from resource_lease.barrier import DoubleBarrier
     from resource_lease.db.connections import close_connections
     from resource_lease.dispenser import Dispenser, WorkItem
+    from resource_lease.groups import Group
     from resource_lease.holder import ResourceHolder
     from resource_lease.lease import Lease, acquire
     from resource_lease.worker import FolderWorker, Worker
@@ -47,6 +60,8 @@ _LAZY = {
     "WorkItem": "resource_lease.dispenser",
     "Worker": "resource_lease.worker",
     "FolderWorker": "resource_lease.worker",
+    "Group": "resource_lease.groups",
+    "DoubleBarrier": "resource_lease.barrier",
 }
 
 

@@ -1,10 +1,12 @@
 """The Django admin: one module per concern, each registering its own models.
 
 - ``resources``: the pool of resources (states, quarantine, force release) and its overview.
+- ``groups``: group members (with a kick action) and barriers (round, cohort, who is inside).
 - ``dispenser``: the dispensers' counts and their work items (retry failed, release claims).
 """
 
 from resource_lease.admin.dispenser import DispenserItemAdmin
+from resource_lease.admin.groups import BarrierOverviewAdmin, GroupMemberAdmin
 from resource_lease.admin.resources import PoolOverviewAdmin, ResourceAdmin
 
-__all__ = ["DispenserItemAdmin", "PoolOverviewAdmin", "ResourceAdmin"]
+__all__ = ["BarrierOverviewAdmin", "DispenserItemAdmin", "GroupMemberAdmin", "PoolOverviewAdmin", "ResourceAdmin"]

@@ -13,7 +13,7 @@ def exact_columns(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('resource_lease', '0003_coordination_kinds'),
+        ('resource_lease', '0004_group_member_barrier_overview'),
     ]
 
     operations = [
