@@ -23,7 +23,7 @@ from typing import Any
 
 from resource_lease.conf import lease_settings
 from resource_lease.db.connections import close_connections
-from resource_lease.dispenser import Dispenser, WorkItem, check_count, check_name, check_pattern
+from resource_lease.dispenser import Dispenser, WorkItem, check_count, check_key, check_name, check_pattern
 from resource_lease.exceptions import LeaseError
 from resource_lease.lease import default_holder
 from resource_lease.validation import check_seconds
@@ -292,6 +292,7 @@ class FolderWorker(Worker):
         if not self.path.is_dir():
             raise ValueError(f"folder must be an existing directory, got {str(self.folder)!r}")
         self._known: set[str] = set()
+        self._unusable: set[str] = set()
         super().__init__(name, **options)
 
     def dispenser_name(self) -> str:
@@ -304,10 +305,19 @@ class FolderWorker(Worker):
         """Put the folder's new task files; tidy files whose item is finished already (a
         worker died between its outcome and the rename, or the claim expired for good)."""
         keys = sorted(p.name[: -len(self.extension) - 1] for p in self.path.glob(f"*.{self.extension}") if p.is_file())
-        new = [k for k in keys if k not in self._known]
+        new = []
+        for key in keys:
+            if key in self._known or key in self._unusable:
+                continue
+            try:
+                new.append(check_key(key))
+            except ValueError as exc:  # e.g. a name longer than a key may be
+                self._unusable.add(key)
+                logger.warning("worker %s: skipping task file %r: %s", self.name, key, exc)
         if new:
             self.queue.put(new)
             self._known.update(new)
+        keys = [k for k in keys if k not in self._unusable]
         if keys:
             from resource_lease.models import DispenserItem
 
