@@ -25,6 +25,7 @@ __all__ = [
     "BarrierTimeout",
     "Dispenser",
     "DoubleBarrier",
+    "Election",
     "FolderWorker",
     "Group",
     "Lease",
@@ -38,12 +39,14 @@ __all__ = [
     "Worker",
     "acquire",
     "close_connections",
+    "leader_only",
 ]
 
 if TYPE_CHECKING:
     from resource_lease.barrier import DoubleBarrier
     from resource_lease.db.connections import close_connections
     from resource_lease.dispenser import Dispenser, WorkItem
+    from resource_lease.election import Election, leader_only
     from resource_lease.groups import Group
     from resource_lease.holder import ResourceHolder
     from resource_lease.lease import Lease, acquire
@@ -56,6 +59,8 @@ _LAZY = {
     "Lease": "resource_lease.lease",
     "ResourceHolder": "resource_lease.holder",
     "close_connections": "resource_lease.db.connections",
+    "Election": "resource_lease.election",
+    "leader_only": "resource_lease.election",
     "Dispenser": "resource_lease.dispenser",
     "WorkItem": "resource_lease.dispenser",
     "Worker": "resource_lease.worker",
