@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost, NoResourceAvailable
+from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost, LockHeld, NoResourceAvailable
 
 __version__ = "0.1.0"
 
@@ -19,16 +19,21 @@ __all__ = [
     "LeaseDatabaseError",
     "LeaseError",
     "LeaseLost",
+    "LockHeld",
     "NoResourceAvailable",
     "ResourceHolder",
     "acquire",
     "close_connections",
+    "lock",
+    "semaphore",
+    "synchronized",
 ]
 
 if TYPE_CHECKING:
     from resource_lease.db.connections import close_connections
     from resource_lease.holder import ResourceHolder
     from resource_lease.lease import Lease, acquire
+    from resource_lease.locks import lock, semaphore, synchronized
 
 # The names below import models, which need the app registry; resolve them on first use so
 # that ``import resource_lease`` works before django.setup() (e.g. in settings or celery.py).
@@ -37,6 +42,9 @@ _LAZY = {
     "Lease": "resource_lease.lease",
     "ResourceHolder": "resource_lease.holder",
     "close_connections": "resource_lease.db.connections",
+    "lock": "resource_lease.locks",
+    "semaphore": "resource_lease.locks",
+    "synchronized": "resource_lease.locks",
 }
 
 
