@@ -123,4 +123,4 @@ def _server_version() -> str:
             cursor.execute("SELECT sqlite_version()")
         else:
             cursor.execute("SELECT version()")
-        return str(cursor.fetchone()[0]).split(" on ")[0][:40]
+        return str(cursor.fetchone()[0]).split(" on ")[0].split(" (")[0][:40]
