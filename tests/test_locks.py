@@ -218,7 +218,7 @@ def max_concurrent(directory: Path) -> int:
 
 
 def test_semaphore_never_has_more_holders_than_slots(spawn_worker, tmp_path: Path) -> None:
-    ledger_race(spawn_worker, tmp_path, "--name", "exports", "--slots", "3", "--hold", "0.05", workers=6, seconds=4.0)
+    ledger_race(spawn_worker, tmp_path, "--name", "exports", "--slots", "3", "--hold", "0.05", workers=5, seconds=3.0)
     verdict = check(tmp_path)
     peak = max_concurrent(tmp_path)
     print(f"semaphore: {verdict.summary()} peak_holders={peak}")
