@@ -134,7 +134,7 @@ def lock(
             return None
         return _held(f"lock {name!r} is held", name=name, kind=LOCK_KIND, row=row, timeout=call.timeout)
 
-    lease = _take(attempt, refusal, timeout=call.timeout, what=f"lock {name!r}")
+    lease = _take(attempt, refusal, timeout=call.timeout, what=f"lock {name!r}", name=name)
     return granted(lease, auto_renew=call.auto_renew)
 
 
@@ -204,7 +204,7 @@ def semaphore(
             timeout=call.timeout,
         )
 
-    lease = _take(attempt, refusal, timeout=call.timeout, what=f"semaphore {name!r}")
+    lease = _take(attempt, refusal, timeout=call.timeout, what=f"semaphore {name!r}", name=name)
     return granted(lease, auto_renew=call.auto_renew)
 
 
@@ -221,7 +221,12 @@ def _held(what: str, *, name: str, kind: str, row: Resource, timeout: float | No
 
 
 def _take(
-    attempt: Callable[[], Lease | None], refusal: Callable[[], LockHeld | None], *, timeout: float | None, what: str
+    attempt: Callable[[], Lease | None],
+    refusal: Callable[[], LockHeld | None],
+    *,
+    timeout: float | None,
+    what: str,
+    name: str,
 ) -> Lease:
     """Wait for a grant up to ``timeout``; then ``LockHeld`` naming who holds it. If the holder
     let go between the last attempt and the read that would name it, try again (briefly)."""
@@ -235,7 +240,7 @@ def _take(
         lease = attempt()
     if lease is not None:
         return lease
-    raise LockHeld(f"{what} was taken again each time it was seen free; gave up", name=what)
+    raise LockHeld(f"{what} was taken again each time it was seen free; gave up", name=name)
 
 
 # -- @synchronized ---------------------------------------------------------------------
