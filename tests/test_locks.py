@@ -158,12 +158,15 @@ def test_a_lock_row_deleted_by_an_operator_is_made_again() -> None:
     again.release()
 
 
-def test_brand_new_lock_name_used_by_8_processes_at_once_has_one_winner(spawn_worker) -> None:
-    start = time.time() + 3.0  # every racer has imported Django by then
+def test_brand_new_lock_name_used_by_8_processes_at_once_has_one_winner(spawn_worker, tmp_path: Path) -> None:
+    go = tmp_path / "go"
     procs = [
-        spawn_worker("tests.procs.locker", "race", "--name", "brand-new", "--start", str(start), stdout=subprocess.PIPE)
+        spawn_worker("tests.procs.locker", "race", "--name", "brand-new", "--go", str(go), stdout=subprocess.PIPE)
         for _ in range(RACERS)
     ]
+    for proc in procs:  # every racer has set Django up and connected: start them together
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "READY"
+    go.touch()
     outcomes = [proc.communicate(timeout=60)[0].strip() for proc in procs]
     assert not [o for o in outcomes if o.startswith("ERROR")], outcomes
     granted = [o for o in outcomes if o.startswith("GRANTED")]

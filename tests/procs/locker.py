@@ -1,10 +1,10 @@
 """Worker processes for the named-lock tests.
 
-    python -m tests.procs.locker race --name N --start EPOCH
+    python -m tests.procs.locker race --name N --go PATH
     python -m tests.procs.locker ledger --name N --dir D --seconds S [--slots K] [--broken] [--hold H]
 
-``race`` waits until the wall-clock time EPOCH (so every racer starts together), makes one
-attempt at ``lock(N)`` (a brand-new name: its row is created by the racers) and prints
+``race`` connects, prints ``READY``, waits until the file PATH exists (so every racer starts
+together, however slowly each started), makes one attempt at ``lock(N)`` (a brand-new name: its row is created by the racers) and prints
 ``GRANTED <fence>`` or ``HELD <holder>``; anything else that surfaced (an IntegrityError, a
 deadlock) is printed as ``ERROR <repr>`` with exit status 1.
 
@@ -55,8 +55,12 @@ def broken_unlock(pk: int) -> None:
 
 def race(args: argparse.Namespace) -> None:
     from resource_lease import LockHeld, lock
+    from resource_lease.db.connections import lease_connection
 
-    time.sleep(max(0.0, args.start - time.time()))
+    lease_connection("default").cursor().close()  # connected before the start gun
+    print("READY", flush=True)
+    while not os.path.exists(args.go):
+        time.sleep(0.001)
     try:
         lease = lock(args.name, ttl=30, timeout=0, auto_renew=False)
     except LockHeld as exc:
@@ -106,7 +110,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="mode", required=True)
     p = sub.add_parser("race")
     p.add_argument("--name", required=True)
-    p.add_argument("--start", type=float, required=True)
+    p.add_argument("--go", required=True)
     p = sub.add_parser("ledger")
     p.add_argument("--name", required=True)
     p.add_argument("--dir", type=Path, required=True)
