@@ -208,3 +208,21 @@ class ElectionRow(Resource):
         proxy = True
         verbose_name = "election"
         verbose_name_plural = "elections"
+
+
+class GroupMember(Resource):
+    """The admin's page of group members: the ``@group:<name>`` rows (a proxy, no data of its own)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "group member"
+        verbose_name_plural = "group members"
+
+
+class BarrierOverview(Resource):
+    """The admin's page of barriers: round, frozen cohort, who is inside and who waits."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "barrier"
+        verbose_name_plural = "barriers"

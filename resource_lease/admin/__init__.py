@@ -1,11 +1,21 @@
 """The Django admin: one module per concern, each registering its own models.
 
 - ``resources``: the pool of resources (states, quarantine, force release) and its overview.
+- ``groups``: group members (with a kick action) and barriers (round, cohort, who is inside).
 - ``locks``: named locks, semaphores and leader elections (holders, fences, time left,
   hand-over state; force release).
 """
 
+from resource_lease.admin.groups import BarrierOverviewAdmin, GroupMemberAdmin
 from resource_lease.admin.locks import ElectionAdmin, LockAdmin, SemaphoreAdmin
 from resource_lease.admin.resources import PoolOverviewAdmin, ResourceAdmin
 
-__all__ = ["ElectionAdmin", "LockAdmin", "PoolOverviewAdmin", "ResourceAdmin", "SemaphoreAdmin"]
+__all__ = [
+    "BarrierOverviewAdmin",
+    "ElectionAdmin",
+    "GroupMemberAdmin",
+    "LockAdmin",
+    "PoolOverviewAdmin",
+    "ResourceAdmin",
+    "SemaphoreAdmin",
+]
