@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('resource_lease', '0004_group_member_barrier_overview'),
+        ('resource_lease', '0005_dispenser_item'),
     ]
 
     operations = [
