@@ -4,7 +4,8 @@ The holder is tests/faults/procs/holder.py with ``--lock``: the same ``Lease`` a
 commands as a resource holder. A killed holder's lock is free again once its lease has
 expired by the database's clock (never before), within ttl plus one retry interval of the
 kill; a holder paused past its ttl is taken over, and on resume its renewal, fenced write
-and release are refused and it notices the loss on its own.
+and release are refused and it notices the loss on its own. A semaphore slot whose holder was
+killed comes back the same way, to one waiter, while the other slot's holder keeps its own.
 """
 
 from __future__ import annotations
@@ -151,3 +152,32 @@ def test_a_paused_lock_holder_is_taken_over_then_refused_and_notices(
         **spread("notice", notices),
     )
     assert not violations, violations
+
+
+def test_a_killed_semaphore_holders_slot_comes_back_and_no_slot_is_granted_twice(
+    start_child: Callable[..., Child], figures: Callable[..., Any]
+) -> None:
+    from resource_lease import semaphore
+
+    holders = [
+        start_child("holder", "--semaphore", "killed-sem", "--slots", 2, "--ttl", TTL, "--timeout", 60, "--auto-renew")
+        for _ in range(2)
+    ]
+    held = [child.wait_for("acquired", timeout=60) for child in holders]
+    assert len({h["pk"] for h in held}) == 2  # one slot each
+    with pytest.raises(LockHeld) as full:
+        semaphore("killed-sem", 2, ttl=TTL, timeout=0)
+    assert full.value.holder in {h["holder"] for h in held}
+    victim, survivor = holders
+    killed_at = victim.kill()
+    lease = semaphore("killed-sem", 2, ttl=TTL, timeout=TTL + RETRY + 60, holder="waiter", auto_renew=False)
+    recovery = time.monotonic() - killed_at
+    row = lease.resource
+    assert row.pk == held[0]["pk"] and lease.fence == held[0]["fence"] + 1  # the dead one's slot, fenced
+    assert row.took_over and row.previous_holder == held[0]["holder"]
+    assert row.acquired_at >= last_expiry(victim)  # never before its lease ran out
+    assert survivor.command("is_held")["result"] is True  # the live holder kept its slot
+    assert recovery <= TTL + RETRY + SLACK, recovery
+    figures("locks-semaphore-kill", ttl=TTL, recovery=recovery)
+    assert lease.release()
+    survivor.finish()
