@@ -15,6 +15,7 @@ from resource_lease.exceptions import (
     LeaseDatabaseError,
     LeaseError,
     LeaseLost,
+    LockHeld,
     MemberTaken,
     NoResourceAvailable,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "LeaseDatabaseError",
     "LeaseError",
     "LeaseLost",
+    "LockHeld",
     "MemberTaken",
     "NoResourceAvailable",
     "ResourceHolder",
@@ -40,6 +42,9 @@ __all__ = [
     "acquire",
     "close_connections",
     "leader_only",
+    "lock",
+    "semaphore",
+    "synchronized",
 ]
 
 if TYPE_CHECKING:
@@ -50,6 +55,7 @@ if TYPE_CHECKING:
     from resource_lease.groups import Group
     from resource_lease.holder import ResourceHolder
     from resource_lease.lease import Lease, acquire
+    from resource_lease.locks import lock, semaphore, synchronized
     from resource_lease.worker import FolderWorker, Worker
 
 # The names below import models, which need the app registry; resolve them on first use so
@@ -67,6 +73,9 @@ _LAZY = {
     "FolderWorker": "resource_lease.worker",
     "Group": "resource_lease.groups",
     "DoubleBarrier": "resource_lease.barrier",
+    "lock": "resource_lease.locks",
+    "semaphore": "resource_lease.locks",
+    "synchronized": "resource_lease.locks",
 }
 
 
