@@ -171,13 +171,16 @@ def connect(
 ) -> None:
     """Open ``wrapper``'s connection on the first node of ``rotation`` that connects and
     passes ``setup(raw_connection)``; raise the last node's error if none does."""
+    import MySQLdb
+    from django.db import DatabaseError
+
     last: BaseException | None = None
     for host, port in rotation.order():
         wrapper.settings_dict["HOST"], wrapper.settings_dict["PORT"] = host, str(port)
         try:
             wrapper.ensure_connection()
             setup(wrapper.connection)
-        except Exception as exc:  # this node is down or cannot serve: try the next one
+        except (DatabaseError, MySQLdb.Error, NodeNotUsable) as exc:  # down or cannot serve: try the next
             last = exc
             logger.info("%s: node %s:%s unusable, trying the next: %s", what, host, port, exc)
             raw, wrapper.connection = wrapper.connection, None
