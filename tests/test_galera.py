@@ -1,0 +1,313 @@
+"""The lease engine on a 3-node MariaDB Galera cluster (scripts/galera), with real processes.
+
+Runs on the MariaDB backend only (skipped elsewhere, saying why). The cluster is booted once
+per session by the same script a user runs; with RESOURCE_LEASE_REQUIRE_GALERA=1 (CI) a
+cluster that does not boot fails the run instead of skipping. Each worker process gets its
+own DATABASE_URL listing the three nodes in its own order, so clients are spread over the
+nodes and fail over when theirs dies. RESOURCE_LEASE_GALERA_SECONDS makes the timed
+scenarios run that long (the figures in docs/galera.md); CI runs them for a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from tests.ledger import check
+
+pytestmark = pytest.mark.galera
+
+REPO = Path(__file__).resolve().parent.parent
+GALERA = REPO / "scripts" / "galera"
+PORTS = (3311, 3312, 3313)  # scripts/galera's default RESOURCE_LEASE_GALERA_PORT onwards
+
+
+def long_seconds(short: float) -> float:
+    raw = os.environ.get("RESOURCE_LEASE_GALERA_SECONDS", "").strip()
+    return max(short, float(raw)) if raw else short
+
+
+def galera(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "RESOURCE_LEASE_GALERA_PORT": str(PORTS[0])}
+    return subprocess.run([str(GALERA), *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
+
+
+@dataclass
+class Cluster:
+    name: str  # the database the tests use on the cluster
+
+    def url(self, *nodes: int) -> str:
+        """A DATABASE_URL listing ``nodes`` (0-based) in that order."""
+        hosts = ",".join(f"127.0.0.1:{PORTS[n]}" for n in nodes)
+        return f"mysql://root@{hosts}/{self.name}"
+
+    def all_from(self, first: int) -> str:
+        """Every node, starting at ``first``."""
+        return self.url(*[(first + i) % 3 for i in range(3)])
+
+    def env(self, url: str, other: str | None = None) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("RESOURCE_LEASE_TEST_DB_NAME", None)
+        env.update(
+            DJANGO_SETTINGS_MODULE="tests.galera_settings",
+            DATABASE_URL=url,
+            PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+        )
+        if other:
+            env["RESOURCE_LEASE_GALERA_OTHER_URL"] = other
+        return env
+
+    def query(self, node: int, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Run ``sql`` on one node (causal: it first catches up with the cluster)."""
+        import MySQLdb
+
+        db = MySQLdb.connect(host="127.0.0.1", port=PORTS[node], user="root", database=self.name, connect_timeout=5)
+        try:
+            cursor = db.cursor()
+            cursor.execute("SET SESSION wsrep_sync_wait = 3")
+            cursor.execute(sql, params)
+            return list(cursor.fetchall())
+        finally:
+            db.close()
+
+    def status_sum(self, name: str) -> int:
+        """A wsrep status counter summed over the nodes that answer."""
+        import MySQLdb
+
+        total = 0
+        for port in PORTS:
+            try:
+                db = MySQLdb.connect(host="127.0.0.1", port=port, user="root", connect_timeout=2)
+            except MySQLdb.Error:
+                continue
+            try:
+                cursor = db.cursor()
+                cursor.execute("SHOW GLOBAL STATUS LIKE %s", (name,))
+                rows = cursor.fetchall()
+                total += int(rows[0][1]) if rows else 0
+            finally:
+                db.close()
+        return total
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    if connection.vendor != "mysql":
+        pytest.skip(f"the Galera tests run on the MariaDB backend only (this run is {connection.vendor})")
+    required = os.environ.get("RESOURCE_LEASE_REQUIRE_GALERA") == "1"
+    was_up = galera("status").returncode == 0
+    started = time.monotonic()
+    up = galera("up")
+    if up.returncode != 0:
+        message = f"the Galera cluster did not boot (scripts/galera up): {(up.stderr or up.stdout)[-3000:]}"
+        if required:
+            pytest.fail(message)
+        pytest.skip(message)
+    print(f"galera: cluster up in {time.monotonic() - started:.1f}s ({up.stdout.strip()})")
+    import MySQLdb
+
+    name = f"rl_galera_{os.getpid()}"
+    db = MySQLdb.connect(host="127.0.0.1", port=PORTS[0], user="root")
+    db.cursor().execute(f"CREATE DATABASE {name} CHARACTER SET utf8mb4")
+    db.close()
+    the_cluster = Cluster(name)
+    migrate = subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v0"],
+        cwd=REPO,
+        env=the_cluster.env(the_cluster.all_from(0)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert migrate.returncode == 0, migrate.stderr
+    try:
+        yield the_cluster
+    finally:
+        galera("up")  # a scenario that killed a node leaves the cluster whole for the next
+        db = MySQLdb.connect(host="127.0.0.1", port=PORTS[0], user="root")
+        db.cursor().execute(f"DROP DATABASE IF EXISTS {name}")
+        db.close()
+        if not was_up:
+            galera("down")
+
+
+@dataclass
+class Worker:
+    proc: subprocess.Popen[str]
+
+    def events(self, timeout: float) -> list[dict[str, Any]]:
+        out, _ = self.proc.communicate(timeout=timeout)
+        assert self.proc.returncode == 0, f"worker failed ({self.proc.returncode}):\n{out}"
+        return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture
+def start(cluster: Cluster) -> Iterator[Callable[..., Worker]]:
+    """``start(mode, *args, url=..., other=...)``: a galera_worker process; killed at the end."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def run(mode: str, *args: Any, url: str, other: str | None = None) -> Worker:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.procs.galera_worker", mode, *map(str, args)],
+            env=cluster.env(url, other),
+            cwd=REPO,
+            text=True,
+            stdout=subprocess.PIPE,
+        )
+        procs.append(proc)
+        return Worker(proc)
+
+    yield run
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+
+
+def setup_pool(start: Callable[..., Worker], cluster: Cluster, kind: str, n: int) -> None:
+    start("setup", "--kind", kind, "--resources", n, url=cluster.all_from(0)).events(timeout=60)
+
+
+def counts(workers: list[Worker], timeout: float) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for worker in workers:
+        for event in worker.events(timeout):
+            if event["ev"] == "counts":
+                for key, value in event.items():
+                    if key not in ("ev", "t"):
+                        total[key] = total.get(key, 0) + value
+    return total
+
+
+def grants_by_port(directory: Path) -> list[tuple[int, int]]:
+    """(start_ns, port) of every grant the cycle workers made."""
+    found = []
+    for path in directory.glob("nodes-*"):
+        for line in path.read_text().splitlines():
+            start_ns, port = line.split()
+            found.append((int(start_ns), int(port)))
+    return found
+
+
+# -- exclusion -----------------------------------------------------------------------------
+
+
+def test_exclusion_with_clients_on_every_node_and_renewals_on_another_node(
+    cluster: Cluster, start: Callable[..., Worker], tmp_path: Path
+) -> None:
+    """6 processes, 2 per node, 3 resources: each grant is renewed and released through a
+    different node than the one that granted it. No overlap, fences strictly increase, no
+    renewal or release refused (each node sees the grant another node made)."""
+    setup_pool(start, cluster, "race", 3)
+    seconds = long_seconds(4.0)
+    args = ("cycle", "--kind", "race", "--dir", tmp_path, "--seconds", seconds, "--hop")
+    workers = [start(*args, url=cluster.all_from(i % 3), other=cluster.all_from((i + 1) % 3)) for i in range(6)]
+    total = counts(workers, timeout=seconds + 120)
+    verdict = check(tmp_path)
+    ports = {port for _, port in grants_by_port(tmp_path)}
+    print(f"galera exclusion: {verdict.summary()} {total} nodes that granted: {sorted(ports)}")
+    assert verdict.grants >= 30, "too few grants for the check to mean anything"
+    assert verdict.violations == 0, verdict.summary()
+    assert ports == set(PORTS), "every node must have granted leases"
+    assert total["hops"] == total["grants"], total
+    assert total["renew_refused"] == 0 and total["release_refused"] == 0, total
+    assert total["db_errors"] == 0, total
+
+
+def test_negative_control_get_lock_on_different_nodes_hands_one_lock_twice(
+    cluster: Cluster, start: Callable[..., Worker], tmp_path: Path
+) -> None:
+    """GET_LOCK() locks live in one server's memory and are not replicated: the same ledger
+    check must catch two holders of one named lock on two nodes, else it proves nothing."""
+    seconds = long_seconds(3.0)
+    args = ("cycle", "--kind", "getlock", "--dir", tmp_path, "--seconds", seconds, "--get-lock", "--hold", 0.005)
+    workers = [start(*args, url=cluster.url(i % 3)) for i in range(6)]
+    counts(workers, timeout=seconds + 60)
+    verdict = check(tmp_path)
+    print(f"galera negative control (GET_LOCK): {verdict.summary()}")
+    assert verdict.grants >= 30
+    assert verdict.overlaps or verdict.lost_updates, "the checker did not notice a lock handed out twice"
+
+
+# -- a database server dies ----------------------------------------------------------------
+
+
+def test_node_killed_under_holders_then_rejoins(cluster: Cluster, start: Callable[..., Worker], tmp_path: Path) -> None:
+    """SIGKILL node 2's mariadbd while two holders leased through it and 6 cyclers (2 per first
+    node) race on the rest. The holder that lists every node keeps its lease (its renewals
+    move to another node); the one that knows only node 2 loses it at its local deadline and
+    its resource is granted again after the ttl, to someone else; cyclers whose node died go
+    on through another node. Nothing is granted twice (the ledger includes the holders), and
+    node 2 rejoins and has every grant the others made while it was away."""
+    ttl = 3.0
+    setup_pool(start, cluster, "kill", 4)
+    seconds = long_seconds(16.0)
+    hold_args = ("hold", "--kind", "kill", "--dir", tmp_path, "--ttl", ttl, "--seconds", seconds + 2)
+    survivor = start(*hold_args, url=cluster.all_from(1))
+    single = start(*hold_args, url=cluster.url(1))
+    acquired = {}
+    for name, holder in (("survivor", survivor), ("single", single)):
+        assert holder.proc.stdout is not None
+        event = json.loads(holder.proc.stdout.readline())
+        assert event["ev"] == "acquired" and event["port"] == PORTS[1], event
+        acquired[name] = event
+    cycle_args = ("cycle", "--kind", "kill", "--dir", tmp_path, "--seconds", seconds, "--ttl", ttl)
+    cyclers = [start(*cycle_args, url=cluster.all_from(i % 3)) for i in range(6)]
+    time.sleep(3.0)
+    killed_at = time.monotonic_ns()
+    kill = galera("kill", "2")
+    assert kill.returncode == 0, kill.stderr
+    time.sleep(2.0)
+    rejoin_started = time.monotonic()
+    rejoin = galera("start", "2")
+    rejoin_seconds = time.monotonic() - rejoin_started
+    assert rejoin.returncode == 0, rejoin.stderr
+
+    total = counts(cyclers, timeout=seconds + 120)
+    survivor_events = survivor.events(timeout=60)
+    single_events = single.events(timeout=60)
+    verdict = check(tmp_path)
+    grants = grants_by_port(tmp_path)
+    moved = [t for t, port in grants if t > killed_at and port != PORTS[1]]
+    after_kill = sorted(t for t, _ in grants if t > killed_at)
+    single_pk = acquired["single"]["pk"]
+    regrant = [g.start for g in _ledger_grants(tmp_path) if g.resource == single_pk and g.start > killed_at]
+
+    figures = {
+        "grants": verdict.grants,
+        "db_errors": total.get("db_errors", 0),
+        "first_grant_after_kill_s": (after_kill[0] - killed_at) / 1e9 if after_kill else None,
+        "single_host_resource_back_after_s": (min(regrant) - killed_at) / 1e9 if regrant else None,
+        "rejoin_s": round(rejoin_seconds, 1),
+    }
+    print(f"galera node kill: {verdict.summary()} {figures}")
+    assert verdict.violations == 0, verdict.summary()
+    done = [e for e in survivor_events if e["ev"] == "done"]
+    assert len(done) == 1 and done[0]["held"] and done[0]["released"], survivor_events
+    assert any(e["ev"] == "lost" for e in single_events), single_events
+    assert regrant, "the resource of the holder whose only node died never came back"
+    assert moved, "no grant was made after the kill"
+    # Node 2 caught up: it has the same rows (holders, fences) as node 1.
+    rows = "SELECT id, fence, holder, grant_token FROM resource_lease_resource ORDER BY id"
+    assert cluster.query(1, rows) == cluster.query(0, rows)
+
+
+def _ledger_grants(directory: Path) -> list[Any]:
+    from tests.ledger import Grant
+
+    grants = []
+    for path in directory.glob("ledger-*"):
+        for line in path.read_text().splitlines():
+            rid, fence, start_ns, end_ns, worker = line.split()
+            grants.append(Grant(int(rid), int(fence), int(start_ns), int(end_ns), worker))
+    return grants
