@@ -249,7 +249,9 @@ def test_node_killed_under_holders_then_rejoins(cluster: Cluster, start: Callabl
     its resource is granted again after the ttl, to someone else; cyclers whose node died go
     on through another node. Nothing is granted twice (the ledger includes the holders), and
     node 2 rejoins and has every grant the others made while it was away."""
-    ttl = 3.0
+    # Longer than the cluster's stall while it evicts the dead node (about 2 s with
+    # scripts/galera's failure detection settings; 5-15 s with Galera's defaults).
+    ttl = 6.0
     setup_pool(start, cluster, "kill", 4)
     seconds = long_seconds(16.0)
     hold_args = ("hold", "--kind", "kill", "--dir", tmp_path, "--ttl", ttl, "--seconds", seconds + 2)
@@ -267,7 +269,7 @@ def test_node_killed_under_holders_then_rejoins(cluster: Cluster, start: Callabl
     killed_at = time.monotonic_ns()
     kill = galera("kill", "2")
     assert kill.returncode == 0, kill.stderr
-    time.sleep(2.0)
+    time.sleep(ttl + 1.0)  # the single-host holder's resource comes back meanwhile
     rejoin_started = time.monotonic()
     rejoin = galera("start", "2")
     rejoin_seconds = time.monotonic() - rejoin_started
