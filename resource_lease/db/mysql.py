@@ -38,6 +38,7 @@ class MySQLDialect(Dialect):
     vendor = "mysql"
     # UTC whatever the session time zone (PITFALLS 3), with microseconds (PITFALLS 4).
     now_sql = NOW_SQL["mysql"]
+    on_conflict_keep = "ON DUPLICATE KEY UPDATE id = id"
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         super().__init__(connection)
