@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("resource_lease")
 
 #: ``wsrep_sync_wait`` for the engine's sessions: 1 (reads: SELECT, SHOW, BEGIN) + 2 (UPDATE
-#: and DELETE). The engine never INSERTs on its own connections, so 4 (INSERT) is not needed.
-SYNC_WAIT = 3
+#: and DELETE) + 4 (INSERT and REPLACE: named rows are created on first use, and an insert
+#: that cannot see a row another node just created would only fail certification).
+SYNC_WAIT = 7
 #: ER_UNKNOWN_COM_ERROR, as Galera uses it: "WSREP has not yet prepared node for application use".
 ER_WSREP_NOT_READY = 1047
 #: The key of a DATABASES entry that lists the alias's cluster nodes.
