@@ -402,3 +402,83 @@ def test_throughput_one_node_vs_spread_over_three(
             "db_errors": total["db_errors"],
         }
     print(f"galera throughput, 8 processes, {seconds:g}s each: {figures}")
+
+
+# -- what fenced() relies on ---------------------------------------------------------------
+
+
+def _race_fenced_commit_with_grant(cluster: Cluster, *, lock_row: bool, rounds: int) -> tuple[int, int, int]:
+    """A transaction on node 1 reads the lease row (FOR UPDATE, as ``Lease.fenced()`` does, or
+    a plain read: the broken variant) and writes elsewhere; a grant on node 2 updates the row
+    while it commits. Returns (aborted, committed, committed but ordered after the grant)."""
+    import threading
+
+    import MySQLdb
+
+    def connect(node: int) -> Any:
+        db = MySQLdb.connect(host="127.0.0.1", port=PORTS[node], user="root", database=cluster.name)
+        db.cursor().execute("SET SESSION wsrep_sync_wait = 7")
+        return db
+
+    setup = connect(0)
+    cursor = setup.cursor()
+    cursor.execute("CREATE TABLE IF NOT EXISTS fenced_race (id INT PRIMARY KEY, v INT)")
+    cursor.execute("CREATE TABLE IF NOT EXISTS fenced_writes (id INT AUTO_INCREMENT PRIMARY KEY, v INT)")
+    cursor.execute("REPLACE INTO fenced_race VALUES (1, 0)")
+    setup.commit()
+    setup.close()
+    a, b = connect(0), connect(1)
+    ca, cb = a.cursor(), b.cursor()
+    aborted = committed = after = 0
+    for i in range(rounds):
+        ca.execute("BEGIN")
+        ca.execute("SELECT v FROM fenced_race WHERE id = 1" + (" FOR UPDATE" if lock_row else ""))
+        ca.fetchall()
+        ca.execute("INSERT INTO fenced_writes (v) VALUES (1)")
+        seqno: dict[str, int | None] = {}
+
+        def commit_a(seqno: dict[str, int | None] = seqno) -> None:
+            try:
+                a.commit()
+            except MySQLdb.OperationalError:  # 1213: aborted by the grant's write set
+                seqno["a"] = None
+                return
+            ca.execute("SELECT WSREP_LAST_WRITTEN_GTID()")
+            seqno["a"] = int(str(ca.fetchone()[0]).rsplit("-", 1)[-1].strip("'"))
+
+        def grant_b(seqno: dict[str, int | None] = seqno) -> None:
+            cb.execute("UPDATE fenced_race SET v = v + 1 WHERE id = 1")
+            b.commit()
+            cb.execute("SELECT WSREP_LAST_WRITTEN_GTID()")
+            seqno["b"] = int(str(cb.fetchone()[0]).rsplit("-", 1)[-1].strip("'"))
+
+        grant = threading.Thread(target=grant_b)
+        grant.start()
+        time.sleep(0.0005 * (i % 8))  # the grant lands before, during and after the commit
+        commit_a()
+        grant.join()
+        if seqno["a"] is None:
+            aborted += 1
+            a.rollback()
+            continue
+        committed += 1
+        after += seqno["a"] > (seqno["b"] or 0)
+    a.close()
+    b.close()
+    return aborted, committed, after
+
+
+def test_a_fenced_transaction_never_commits_after_a_grant_made_on_another_node(cluster: Cluster) -> None:
+    """``Lease.fenced()`` locks the lease row in the caller's transaction. On Galera that lock
+    is local to one node, yet a grant another node certifies either aborts the transaction
+    (the applier's brute-force abort, a deadlock error) or is ordered after its commit:
+    never a fenced write committed after the new grant. Negative control: the same race
+    without the row lock commits writes ordered after the grant, and the check sees it."""
+    rounds = int(long_seconds(2.0) * 40)
+    aborted, committed, after = _race_fenced_commit_with_grant(cluster, lock_row=True, rounds=rounds)
+    print(f"galera fenced race (FOR UPDATE): aborted={aborted} committed={committed} after_grant={after}")
+    assert after == 0
+    assert aborted > 0 and committed > 0, "the race never hit one side: it proves nothing"
+    _, unlocked_committed, unlocked_after = _race_fenced_commit_with_grant(cluster, lock_row=False, rounds=rounds)
+    print(f"galera fenced race, negative control (no lock): committed={unlocked_committed} after={unlocked_after}")
+    assert unlocked_after > 0, "the check did not notice writes committed after the grant"
