@@ -188,15 +188,22 @@ def _galera_report_of(connection: Any, host: str, port: int) -> dict[str, str] |
 
     from resource_lease.db import galera
 
+    # A bare driver connection: no init_command nor Django's session set-up, which a node
+    # outside the primary component would refuse (error 1047) before it could be asked why.
     settings_dict = {**connection.settings_dict, "HOST": host, "PORT": str(port)}
-    other = type(connection)(settings_dict, connection.alias)
+    params = type(connection)(settings_dict, connection.alias).get_connection_params()
+    params.pop("init_command", None)
     try:
-        with other.cursor() as cursor:
-            return galera.node_report(cursor) or {}
+        raw = MySQLdb.connect(**params)
     except (DatabaseError, MySQLdb.Error) as exc:  # the check reports a dead node, it does not crash on it
         return str(exc)
+    try:
+        cursor = raw.cursor()
+        return galera.node_report(cursor) or {}
+    except (DatabaseError, MySQLdb.Error) as exc:
+        return str(exc)
     finally:
-        other.close()
+        raw.close()
 
 
 def _galera_node_messages(alias: str, node: str, report: dict[str, str], *, own_session: bool) -> list[CheckMessage]:

@@ -144,28 +144,33 @@ def cluster() -> Iterator[Cluster]:
 @dataclass
 class Worker:
     proc: subprocess.Popen[str]
+    log: Path  # its stderr (the engine's warnings: failovers, lost leases)
 
     def events(self, timeout: float) -> list[dict[str, Any]]:
         out, _ = self.proc.communicate(timeout=timeout)
-        assert self.proc.returncode == 0, f"worker failed ({self.proc.returncode}):\n{out}"
+        assert self.proc.returncode == 0, f"worker failed ({self.proc.returncode}):\n{out}\n{self.log.read_text()}"
         return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
 @pytest.fixture
-def start(cluster: Cluster) -> Iterator[Callable[..., Worker]]:
+def start(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Worker]]:
     """``start(mode, *args, url=..., other=...)``: a galera_worker process; killed at the end."""
     procs: list[subprocess.Popen[str]] = []
+    logs = tmp_path_factory.mktemp("worker-logs")
 
     def run(mode: str, *args: Any, url: str, other: str | None = None) -> Worker:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.procs.galera_worker", mode, *map(str, args)],
-            env=cluster.env(url, other),
-            cwd=REPO,
-            text=True,
-            stdout=subprocess.PIPE,
-        )
+        log = logs / f"{mode}-{len(procs)}.log"
+        with open(log, "w") as stderr:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.procs.galera_worker", mode, *map(str, args)],
+                env=cluster.env(url, other),
+                cwd=REPO,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+            )
         procs.append(proc)
-        return Worker(proc)
+        return Worker(proc, log)
 
     yield run
     for proc in procs:
@@ -303,7 +308,7 @@ def test_node_killed_under_holders_then_rejoins(cluster: Cluster, start: Callabl
     ttl = 6.0
     setup_pool(start, cluster, "kill", 4)
     seconds = long_seconds(16.0)
-    hold_args = ("hold", "--kind", "kill", "--dir", tmp_path, "--ttl", ttl, "--seconds", seconds + 2)
+    hold_args = ("hold", "--kind", "kill", "--dir", tmp_path, "--ttl", ttl, "--seconds", 600)
     survivor = start(*hold_args, url=cluster.all_from(1))
     single = start(*hold_args, url=cluster.url(1))
     acquired = {}
@@ -314,7 +319,12 @@ def test_node_killed_under_holders_then_rejoins(cluster: Cluster, start: Callabl
         acquired[name] = event
     cycle_args = ("cycle", "--kind", "kill", "--dir", tmp_path, "--seconds", seconds, "--ttl", ttl)
     cyclers = [start(*cycle_args, url=cluster.all_from(i % 3)) for i in range(6)]
-    time.sleep(3.0)
+    # Kill only once every cycler is granting (a loaded machine starts them slowly).
+    _wait_for(
+        "every cycler's first grant",
+        lambda: sum(1 for p in tmp_path.glob("nodes-*") if p.stat().st_size) == len(cyclers),
+    )
+    time.sleep(1.0)
     killed_at = time.monotonic_ns()
     kill = galera("kill", "2")
     assert kill.returncode == 0, kill.stderr
@@ -324,7 +334,22 @@ def test_node_killed_under_holders_then_rejoins(cluster: Cluster, start: Callabl
     rejoin_seconds = time.monotonic() - rejoin_started
     assert rejoin.returncode == 0, rejoin.stderr
 
-    total = counts(cyclers, timeout=seconds + 120)
+    slow: list[dict[str, Any]] = []
+    total: dict[str, int] = {}
+    (tmp_path / "stop").touch()  # the holders release now
+    for cycler in cyclers:
+        for event in cycler.events(timeout=seconds + 120):
+            if event["ev"] == "counts":
+                for key, value in event.items():
+                    if key not in ("ev", "t"):
+                        total[key] = total.get(key, 0) + value
+            elif event["ev"] in ("slow", "db_error"):
+                slow.append(event)
+    killed_at_s = killed_at / 1e9
+    for event in slow:
+        print(
+            f"  cycler {event['ev']} {event.get('during')} at kill{event.get('began', event['t']) - killed_at_s:+.2f}s: {event}"
+        )
     survivor_events = survivor.events(timeout=60)
     single_events = single.events(timeout=60)
     verdict = check(tmp_path)
@@ -334,8 +359,17 @@ def test_node_killed_under_holders_then_rejoins(cluster: Cluster, start: Callabl
     single_pk = acquired["single"]["pk"]
     regrant = [g.start for g in _ledger_grants(tmp_path) if g.resource == single_pk and g.start > killed_at]
 
+    # Per cycler, its first grant after the kill: the last of them is when every client
+    # (those of the dead node included, through another node) was leasing again.
+    back = []
+    for path in tmp_path.glob("nodes-*"):
+        starts = [int(line.split()[0]) for line in path.read_text().splitlines()]
+        later = [t for t in starts if t > killed_at]
+        if later:
+            back.append((min(later) - killed_at) / 1e9)
     figures = {
         "grants": verdict.grants,
+        "every_cycler_granting_again_s": max(back) if len(back) == len(cyclers) else None,
         "db_errors": total.get("db_errors", 0),
         "first_grant_after_kill_s": (after_kill[0] - killed_at) / 1e9 if after_kill else None,
         "single_host_resource_back_after_s": (min(regrant) - killed_at) / 1e9 if regrant else None,
@@ -348,6 +382,7 @@ def test_node_killed_under_holders_then_rejoins(cluster: Cluster, start: Callabl
     assert any(e["ev"] == "lost" for e in single_events), single_events
     assert regrant, "the resource of the holder whose only node died never came back"
     assert moved, "no grant was made after the kill"
+    assert len(back) == len(cyclers), "a cycler never granted again after the kill"
     # Node 2 caught up: it has the same rows (holders, fences) as node 1.
     rows = "SELECT id, fence, holder, grant_token FROM resource_lease_resource ORDER BY id"
     assert cluster.query(1, rows) == cluster.query(0, rows)
@@ -362,6 +397,58 @@ def _ledger_grants(directory: Path) -> list[Any]:
             rid, fence, start_ns, end_ns, worker = line.split()
             grants.append(Grant(int(rid), int(fence), int(start_ns), int(end_ns), worker))
     return grants
+
+
+def _wait_for(what: str, condition: Callable[[], bool], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+def test_node_outside_the_primary_component(cluster: Cluster, start: Callable[..., Worker], tmp_path: Path) -> None:
+    """Node 3 cut off from the others (gmcast.isolate: a network partition of one node) is
+    outside the primary component and answers 1047. A client listing every node, node 3
+    first, leases through another node; a client that knows only node 3 gets errors, loudly,
+    and no grant. The system check names the node (W030). Then node 3 rejoins."""
+    import MySQLdb
+
+    def set_isolate(value: int) -> None:
+        db = MySQLdb.connect(host="127.0.0.1", port=PORTS[2], user="root", connect_timeout=5)
+        try:
+            db.cursor().execute(f"SET GLOBAL wsrep_provider_options = 'gmcast.isolate={value}'")
+        finally:
+            db.close()
+
+    def node3_status() -> str:
+        db = MySQLdb.connect(host="127.0.0.1", port=PORTS[2], user="root", connect_timeout=5)
+        try:
+            cursor = db.cursor()
+            cursor.execute("SHOW STATUS LIKE 'wsrep_local_state_comment'")
+            state = cursor.fetchone()[1]
+            cursor.execute("SHOW STATUS LIKE 'wsrep_cluster_status'")
+            return f"{cursor.fetchone()[1]} {state}"
+        finally:
+            db.close()
+
+    setup_pool(start, cluster, "iso", 2)
+    set_isolate(1)
+    try:
+        _wait_for("node 3 to leave the primary component", lambda: node3_status().startswith("non-Primary"))
+        listed = start("cycle", "--kind", "iso", "--dir", tmp_path, "--seconds", 2, url=cluster.all_from(2))
+        alone = start("cycle", "--kind", "iso", "--dir", tmp_path, "--seconds", 2, url=cluster.url(2))
+        listed_counts, alone_counts = counts([listed], timeout=120), counts([alone], timeout=120)
+        check_output = manage_check(cluster, cluster.all_from(0))
+    finally:
+        set_isolate(0)
+    _wait_for("node 3 to rejoin", lambda: node3_status() == "Primary Synced")
+    ports = {port for _, port in grants_by_port(tmp_path)}
+    print(f"galera isolated node: listed {listed_counts}, alone {alone_counts}, granted on {sorted(ports)}")
+    assert listed_counts["grants"] > 0 and listed_counts["db_errors"] == 0, listed_counts
+    assert PORTS[2] not in ports
+    assert alone_counts["grants"] == 0 and alone_counts["db_errors"] > 0, alone_counts
+    assert "resource_lease.W030" in check_output.stdout + check_output.stderr, check_output
+    assert check(tmp_path).violations == 0
 
 
 # -- figures -------------------------------------------------------------------------------

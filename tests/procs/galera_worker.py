@@ -12,7 +12,7 @@ counted and the loop goes on. ``--get-lock`` is the negative control: MySQL's GE
 worker's node instead of a lease. Prints one JSON line of counts at the end.
 
 ``hold``: acquire one resource with auto_renew and hold it, printing JSON events (``acquired``,
-``lost``, ``done``) until the time is up, then release. Its holding goes into the ledger too:
+``lost``, ``done``) until the file ``<dir>/stop`` appears (or the time is up), then release. Its holding goes into the ledger too:
 from the grant to the release, or to the lease's local deadline if it was lost (the instant
 this process stopped trusting it), so a grant to anyone else inside that interval is caught.
 """
@@ -80,6 +80,7 @@ def cycle(args: argparse.Namespace, worker: str) -> dict[str, int]:
     nodes = open(args.dir / f"nodes-{worker}", "a")  # noqa: SIM115 (closed at exit)
     deadline = time.monotonic() + args.seconds
     while time.monotonic() < deadline:
+        began = time.monotonic()
         try:
             lease = acquire(args.kind, ttl=args.ttl, timeout=1.0)
         except NoResourceAvailable:
@@ -89,6 +90,9 @@ def cycle(args: argparse.Namespace, worker: str) -> dict[str, int]:
             emit("db_error", during="acquire", error=str(exc))
             time.sleep(0.05)
             continue
+        finally:
+            if time.monotonic() - began > 1.5:  # where a failover's time goes
+                emit("slow", during="acquire", began=began, seconds=time.monotonic() - began)
         start = time.monotonic_ns()
         critical_section(args.dir, lease.resource.pk, args.hold)
         end = time.monotonic_ns()  # the interval ends before any renewal or release is sent
@@ -108,7 +112,11 @@ def cycle(args: argparse.Namespace, worker: str) -> dict[str, int]:
                     counts["renew_refused"] += 1
                     emit("renew_refused", pk=lease.resource.pk, fence=lease.fence)
                     continue
-            if not lease.release():
+            began = time.monotonic()
+            released = lease.release()
+            if time.monotonic() - began > 1.0:
+                emit("slow", during="release", began=began, seconds=time.monotonic() - began)
+            if not released:
                 counts["release_refused"] += 1
                 emit("release_refused", pk=lease.resource.pk, fence=lease.fence)
         except LeaseDatabaseError as exc:
@@ -129,8 +137,9 @@ def hold(args: argparse.Namespace, worker: str) -> None:
     start = time.monotonic_ns()
     critical_section(args.dir, lease.resource.pk, 0)
     emit("acquired", pk=lease.resource.pk, fence=lease.fence, port=port_of("default"))
+    # Until the test says stop (a file), or --seconds if it never does.
     deadline = time.monotonic() + args.seconds
-    while time.monotonic() < deadline and not lease.lost.is_set():
+    while time.monotonic() < deadline and not lease.lost.is_set() and not (args.dir / "stop").exists():
         time.sleep(0.1)
     if lease.lost.is_set():
         trusted_until = int(lease._deadline * 1e9)  # the local deadline it stopped trusting at
