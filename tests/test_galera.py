@@ -204,6 +204,40 @@ def grants_by_port(directory: Path) -> list[tuple[int, int]]:
     return found
 
 
+# -- configuration (no cluster needed: every backend) ----------------------------------------
+
+
+def test_a_database_url_with_several_hosts_lists_them_and_waits_for_causality() -> None:
+    from resource_lease.db.galera import cluster_hosts
+    from resource_lease.db.settings import database_from_url
+
+    config = database_from_url("mysql://app:pw@db1:3307,db2,[::1]:3309/app")
+    assert (config["HOST"], config["PORT"], config["NAME"], config["USER"]) == ("db1", 3307, "app", "app")
+    assert config["CLUSTER_HOSTS"] == ["db1:3307", "db2:3306", "[::1]:3309"]
+    assert cluster_hosts(config) == [("db1", 3307), ("db2", 3306), ("::1", 3309)]
+    assert "wsrep_sync_wait = 7" in config["OPTIONS"]["init_command"]
+    single = database_from_url("mysql://app:pw@db1:3307/app")
+    assert "CLUSTER_HOSTS" not in single and "wsrep_sync_wait" not in single["OPTIONS"]["init_command"]
+    with pytest.raises(ValueError, match="mysql"):
+        database_from_url("postgres://u@h1,h2/app")
+
+
+def test_cluster_hosts_accepts_the_documented_forms_and_names_a_bad_entry() -> None:
+    from resource_lease.db.galera import HostRotation, cluster_hosts
+
+    entry = {"PORT": "3310", "CLUSTER_HOSTS": ["a", "b:3311", ("c", 3312), "[fe80::1]:3313"]}
+    hosts = cluster_hosts(entry)
+    assert hosts == [("a", 3310), ("b", 3311), ("c", 3312), ("fe80::1", 3313)]
+    assert cluster_hosts({"CLUSTER_HOSTS": "x:1,y:2"}) == [("x", 1), ("y", 2)]
+    for bad in (["a:0"], ["a:99999"], [":3306"], [42]):
+        with pytest.raises(ValueError, match="CLUSTER_HOSTS"):
+            cluster_hosts({"CLUSTER_HOSTS": bad})
+    rotation = HostRotation(hosts[:3])
+    assert rotation.order()[0] == ("a", 3310)
+    rotation.skip()
+    assert rotation.order() == [("b", 3311), ("c", 3312), ("a", 3310)]
+
+
 # -- exclusion -----------------------------------------------------------------------------
 
 

@@ -31,7 +31,8 @@ def database_from_url(url: str, *, test_dir: Path | None = None) -> dict[str, An
     hosts: list[str] = []
     match = _URL.match(url)
     if match and "," in match["hosts"]:
-        hosts = [f"{h}:{p}" for h, p in (parse_host(part) for part in match["hosts"].split(",") if part.strip())]
+        parsed = [parse_host(part) for part in match["hosts"].split(",") if part.strip()]
+        hosts = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in parsed]
         if not match["scheme"].lower().startswith("mysql"):
             raise ValueError(f"several hosts in DATABASE_URL are supported for mysql:// (Galera) only: {url!r}")
         url = f"{match['scheme']}{match['userinfo'] or ''}{match['hosts'].split(',')[0]}{match['rest']}"
