@@ -127,7 +127,7 @@ def cycle(args: argparse.Namespace, worker: str) -> dict[str, int]:
 
 
 def hold(args: argparse.Namespace, worker: str) -> None:
-    from resource_lease import acquire
+    from resource_lease import LeaseLost, acquire
     from tests.ledger import Grant, critical_section, record
 
     def on_lost(lease: Any) -> None:
@@ -139,7 +139,11 @@ def hold(args: argparse.Namespace, worker: str) -> None:
     emit("acquired", pk=lease.resource.pk, fence=lease.fence, port=port_of("default"))
     # Until the test says stop (a file), or --seconds if it never does.
     deadline = time.monotonic() + args.seconds
-    while time.monotonic() < deadline and not lease.lost.is_set() and not (args.dir / "stop").exists():
+    while time.monotonic() < deadline and not (args.dir / "stop").exists():
+        try:
+            lease.check()  # past the local deadline without a renewal: lost, even if the
+        except LeaseLost:  # renewal thread is stuck on a hung server
+            break
         time.sleep(0.1)
     if lease.lost.is_set():
         trusted_until = int(lease._deadline * 1e9)  # the local deadline it stopped trusting at
