@@ -279,17 +279,16 @@ def test_negative_control_get_lock_on_different_nodes_hands_one_lock_twice(
 
 
 def test_named_row_created_and_granted_once_by_racers_on_every_node(
-    cluster: Cluster, start: Callable[..., Worker]
+    cluster: Cluster, start: Callable[..., Worker], tmp_path: Path
 ) -> None:
     """The coordination rows (named locks, elections) on Galera: 6 processes on 3 nodes use a
     brand-new name at the same instant. Two nodes inserting the row at once conflict at
     certification; the engine retries, so exactly one is granted (fence 1) and the others
     are refused, none sees an error."""
-    at = time.time() + 4.0
+    go, name = tmp_path / "go", f"galera-{time.time()}"
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.procs.named_race", "--kind", "@lock", "--name", f"galera-{at}"]
-            + ["--start", str(at)],
+            [sys.executable, "-m", "tests.procs.named_race", "--kind", "@lock", "--name", name, "--go", str(go)],
             env=cluster.env(cluster.all_from(i % 3)),
             cwd=REPO,
             text=True,
@@ -297,7 +296,16 @@ def test_named_row_created_and_granted_once_by_racers_on_every_node(
         )
         for i in range(6)
     ]
-    answers = [proc.communicate(timeout=120)[0].strip() for proc in procs]
+    try:
+        for proc in procs:  # every racer has imported Django and connected: start them together
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "READY"
+        go.touch()
+        answers = [proc.communicate(timeout=120)[0].strip() for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     assert all(proc.returncode == 0 for proc in procs), answers
     assert sorted(answers) == ["GRANTED 1"] + ["REFUSED"] * 5, answers
 
