@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import ClassVar
 
 from django.db import models
 from django.db.models import Q
@@ -54,6 +55,10 @@ class Resource(models.Model):
     previous_holder = models.CharField(max_length=255, blank=True, default="")
 
     created_at = models.DateTimeField(auto_now_add=True)
+
+    #: Text columns compared exactly on every database (migration ``ExactCollation``,
+    #: system check ``resource_lease.W010``): "PROXY" and "proxy " are not "proxy".
+    exact_text_fields: ClassVar[tuple[str, ...]] = ("kind", "name")
 
     class Meta:
         ordering = ["kind", "name"]
@@ -114,6 +119,8 @@ class LeaseEvent(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True, help_text="For a grant: its expiry (database clock).")
     actor = models.CharField(max_length=150, blank=True, default="", help_text="Who did an operator's action.")
     detail = models.CharField(max_length=500, blank=True, default="")
+
+    exact_text_fields: ClassVar[tuple[str, ...]] = ("kind", "name")
 
     class Meta:
         ordering = ["-at", "-id"]

@@ -125,7 +125,7 @@ def test_renew_after_expiry_is_refused_even_if_nobody_took_it(make_pool) -> None
     time.sleep(0.4)
     with pytest.raises(LeaseLost):
         lease.renew()
-    assert lease.lost.is_set()
+    assert lease.lost
     assert lease.release() is False
 
 
@@ -159,7 +159,7 @@ def test_auto_renew_keeps_the_lease_past_several_ttls(make_pool) -> None:
         first_expiry = lease.expires_at
         time.sleep(4.5)  # three ttls
         assert lease.is_held()
-        assert not lease.lost.is_set()
+        assert not lease.lost
         assert lease.expires_at > first_expiry
         lease.check()
         with pytest.raises(NoResourceAvailable):
@@ -175,7 +175,7 @@ def test_on_lost_fires_once_when_the_row_is_taken_away(make_pool) -> None:
     calls: list[Lease] = []
     lease = acquire("proxy", ttl=0.9, auto_renew=True, on_lost=calls.append)
     assert pool.force_release([lease.resource]) == 1
-    assert lease.lost.wait(timeout=10), "the renewal did not notice the lease was gone"
+    assert lease.lost_event.wait(timeout=10), "the renewal did not notice the lease was gone"
     time.sleep(0.7)
     assert calls == [lease]
     assert "refused" in lease.lost_reason
