@@ -397,6 +397,21 @@ def test_force_release_is_noticed_on_lost_fires_and_a_fresh_grant_follows(make_p
     assert len(holder.losses) == 1
 
 
+def test_lost_event_is_set_on_a_loss_and_cleared_once_a_fresh_lease_is_held(make_pool: Any, holders: Any) -> None:
+    row = make_pool("h", 1)[0]
+    holder = holders(ttl=2, renew_interval=0.3)
+    holder.acquire(timeout=5)
+    holder.start()
+    assert holder.lost is False and not holder.lost_event.is_set()
+    pool.force_release([row])
+    other = acquire("h", ttl=30, timeout=0)  # the only resource: the holder cannot move on yet
+    assert holder.lost_event.wait(10), "the holder's lost_event was not set"
+    assert holder.lost is True
+    other.release()
+    wait_for(lambda: holder.holding, what="the re-acquire")
+    assert not holder.lost_event.is_set() and holder.lost is False
+
+
 def test_renewals_blocked_past_ttl_stop_the_trust_locally_then_on_lost_and_a_fresh_grant(
     make_pool: Any, holders: Any
 ) -> None:

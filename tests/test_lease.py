@@ -410,3 +410,18 @@ def test_mysql_engine_connections_count_matched_rows_whatever_client_flag_the_us
         options.clear()
         options.update(saved)
         close_connections()
+
+
+def test_lost_is_a_bool_so_if_lease_lost_reads_as_it_should(make_pool) -> None:
+    make_pool("proxy", 1)
+    lease = acquire("proxy", ttl=0.3)
+    assert lease.lost is False
+    if lease.lost:  # was always true while `lost` was a threading.Event
+        pytest.fail("a fresh lease reads as lost")
+    assert not lease.lost_event.is_set()
+    time.sleep(0.35)
+    with pytest.raises(LeaseLost):
+        lease.check()
+    assert lease.lost is True and lease.lost_event.is_set()
+    with pytest.raises(AttributeError):
+        lease.lost = False  # type: ignore[misc]  # read-only: the Event decides
