@@ -173,7 +173,7 @@ def check_exact_collation(app_configs: Any = None, databases: Any = None, **kwar
             if not fields or model._meta.proxy or not router.allow_migrate_model(alias, model):
                 continue
             table = model._meta.db_table
-            columns = [model._meta.get_field(name).column for name in fields]  # type: ignore[union-attr]
+            columns = [str(getattr(model._meta.get_field(name), "column", name)) for name in fields]
             try:
                 loose = inexact_columns(connection, table, columns)
             except DatabaseError:
