@@ -121,7 +121,7 @@ class SeedCommand(LeaseCommand):
             shown = seed.errors[:SHOWN_ERRORS]
             more = len(seed.errors) - len(shown)
             raise CommandError(
-                f"{label}: {len(seed.errors)} bad {self.unit}{'s' if len(seed.errors) != 1 else ''}, "
+                f"{label}: {len(seed.errors)} bad {self.unit if len(seed.errors) == 1 else self.units}, "
                 "nothing was written:\n  " + "\n  ".join(shown) + (f"\n  ... and {more} more" if more else "")
             )
         if replace and not seed.entries:
@@ -148,8 +148,9 @@ class SeedCommand(LeaseCommand):
             seed, plan, kind=kind, label=label, dry_run=dry_run, replace=replace, as_json=as_json, verbosity=verbosity
         )
 
-    #: What one entry of the list is called in errors ("line", "entry").
+    #: What one entry of the list is called in errors ("line", "entry"), and several.
     unit = "entry"
+    units = "entries"
 
     def _lines(self, source: str, stdin: IO[Any]) -> Any:
         if source == "-":
@@ -203,8 +204,8 @@ class SeedCommand(LeaseCommand):
                 self.stdout.write(f"  {would}updated {resource.name}  {self.describe(resource)}".rstrip())
             for name in plan.removed:
                 self.stdout.write(f"  {would}removed {name}")
-        plural = "s" if seed.duplicates != 1 else ""
-        duplicates = f", {seed.duplicates} duplicate {self.unit}{plural} skipped"
+        unit = self.unit if seed.duplicates == 1 else self.units
+        duplicates = f", {seed.duplicates} duplicate {unit} skipped"
         self.stdout.write(
             f"{'Dry run: ' if dry_run else ''}{label}: {len(seed.entries)} {self.noun} for kind {kind!r}"
             f"{duplicates if seed.duplicates else ''}."

@@ -38,6 +38,7 @@ class Command(SeedCommand):
     )
     noun = "proxies"
     unit = "line"
+    units = "lines"
     default_kind = "proxy"
 
     def add_arguments(self, parser: CommandParser) -> None:
