@@ -78,7 +78,7 @@ def text_dry_run_says_would(out: str) -> bool:
     [
         (["--kind", "gpu"], r"no resources of kind 'gpu' \(kinds: proxy\); nothing was changed"),
         (["--kind", "proxy", "--name", "proxy-0", "nope", "gone"], r"is named 'gone', 'nope'; nothing was changed"),
-        (["--kind", "@lock"], r"--kind.*coordination rows"),
+        (["--kind", "@lock"], r"--kind: must not start with '@'"),
         (["--kind", " "], r"--kind.*non-empty"),
         (["--kind", "proxy", "--name", " padded "], r"--name.*leading or trailing blanks"),
         (["--kind", "proxy", "--database", "nope"], r"--database"),
@@ -270,7 +270,7 @@ def test_inspect_pool_leaves_out_coordination_rows(make_pool: Any) -> None:
     Resource.objects.create(kind="@lock", name="rebuild-index")
     report = json.loads(run("inspect_pool", "--json"))
     assert set(report["counts"]) == {"proxy"} and [r["kind"] for r in report["resources"]] == ["proxy"]
-    with pytest.raises(CommandError, match=r"coordination rows"):
+    with pytest.raises(CommandError, match=r"--kind: must not start with '@'"):
         run("inspect_pool", "--kind", "@lock")
 
 

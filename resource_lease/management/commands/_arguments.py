@@ -10,25 +10,17 @@ from resource_lease.models import Resource
 from resource_lease.seeding import name_problem
 from resource_lease.validation import MAX_SECONDS, check_alias, check_kind, check_reason, check_seconds
 
-#: Kinds starting with this are the coordination rows (locks, elections, ...), not pools.
-RESERVED_PREFIX = "@"
-
 
 def pool_resources(using: str) -> QuerySet[Resource]:
     """The resources of the pools: every row but the coordination rows (kind ``@...``)."""
-    return Resource.objects.using(using).exclude(kind__startswith=RESERVED_PREFIX)
+    return Resource.objects.using(using).pools()
 
 
 def kind_argument(value: str) -> str:
     try:
-        kind = check_kind(value)
+        return check_kind(value)  # a pool's kind: coordination kinds ("@...") are refused
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc).replace("kind must", "must")) from None
-    if kind.startswith(RESERVED_PREFIX):
-        raise argparse.ArgumentTypeError(
-            f"kinds starting with {RESERVED_PREFIX!r} are coordination rows, not a pool: {value!r}"
-        )
-    return kind
 
 
 def name_argument(value: str) -> str:

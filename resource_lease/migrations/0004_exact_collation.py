@@ -9,7 +9,7 @@ from resource_lease.db.collation import ExactCollation
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('resource_lease', '0002_lease_event_pool_overview'),
+        ('resource_lease', '0003_coordination_kinds'),
     ]
 
     operations = [
