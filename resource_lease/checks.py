@@ -182,9 +182,9 @@ def check_exact_collation(app_configs: Any = None, databases: Any = None, **kwar
                 listed = ", ".join(f"{column} ({collation})" for column, collation in loose.items())
                 errors.append(
                     CheckWarning(
-                        f"Database {alias!r}: {table} compares {listed} ignoring case or trailing spaces, so "
-                        f"acquire('PROXY') or acquire('proxy ') would lease kind 'proxy' and names that differ "
-                        "only in case collide.",
+                        f"Database {alias!r}: {table} compares {listed} ignoring case or trailing spaces: "
+                        "'PROXY' and 'proxy ' match 'proxy' (acquire('PROXY') leases kind 'proxy'), and names that "
+                        "differ only in case collide.",
                         hint="Run `manage.py migrate resource_lease` (its ExactCollation operation sets a binary, "
                         "no-pad collation), or restore it after a hand-made ALTER TABLE.",
                         id="resource_lease.W010",
