@@ -10,15 +10,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost, NoResourceAvailable
+from resource_lease.exceptions import (
+    BarrierTimeout,
+    LeaseDatabaseError,
+    LeaseError,
+    LeaseLost,
+    MemberTaken,
+    NoResourceAvailable,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BarrierTimeout",
+    "DoubleBarrier",
+    "Group",
     "Lease",
     "LeaseDatabaseError",
     "LeaseError",
     "LeaseLost",
+    "MemberTaken",
     "NoResourceAvailable",
     "ResourceHolder",
     "acquire",
@@ -26,7 +37,9 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from resource_lease.barrier import DoubleBarrier
     from resource_lease.db.connections import close_connections
+    from resource_lease.groups import Group
     from resource_lease.holder import ResourceHolder
     from resource_lease.lease import Lease, acquire
 
@@ -37,6 +50,8 @@ _LAZY = {
     "Lease": "resource_lease.lease",
     "ResourceHolder": "resource_lease.holder",
     "close_connections": "resource_lease.db.connections",
+    "Group": "resource_lease.groups",
+    "DoubleBarrier": "resource_lease.barrier",
 }
 
 

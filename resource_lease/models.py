@@ -166,3 +166,21 @@ class PoolOverview(Resource):
         proxy = True
         verbose_name = "pool overview"
         verbose_name_plural = "pool overview"
+
+
+class GroupMember(Resource):
+    """The admin's page of group members: the ``@group:<name>`` rows (a proxy, no data of its own)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "group member"
+        verbose_name_plural = "group members"
+
+
+class BarrierOverview(Resource):
+    """The admin's page of barriers: round, frozen cohort, who is inside and who waits."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "barrier"
+        verbose_name_plural = "barriers"

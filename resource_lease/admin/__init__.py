@@ -1,8 +1,10 @@
 """The Django admin: one module per concern, each registering its own models.
 
 - ``resources``: the pool of resources (states, quarantine, force release) and its overview.
+- ``groups``: group members (with a kick action) and barriers (round, cohort, who is inside).
 """
 
+from resource_lease.admin.groups import BarrierOverviewAdmin, GroupMemberAdmin
 from resource_lease.admin.resources import PoolOverviewAdmin, ResourceAdmin
 
-__all__ = ["PoolOverviewAdmin", "ResourceAdmin"]
+__all__ = ["BarrierOverviewAdmin", "GroupMemberAdmin", "PoolOverviewAdmin", "ResourceAdmin"]
