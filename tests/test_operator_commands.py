@@ -357,3 +357,13 @@ def test_no_traceback_when_piped_into_head(make_pool: Any, tmp_path: Path, comma
     assert proc.stdout.strip(), proc.stderr
     text = errors.read_text()
     assert "Traceback" not in text and "BrokenPipe" not in text and "Exception ignored" not in text, text
+
+
+def test_seed_proxies_sample_loads_the_list_shipped_with_the_package() -> None:
+    from resource_lease.management.commands.seed_proxies import SAMPLE
+
+    assert SAMPLE.is_file() and SAMPLE.parent.parent == Path(pool.__file__).parent  # inside the package
+    listed = [line for line in SAMPLE.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    assert json.loads(run("seed_proxies", "--sample", "--json"))["added"] == len(listed) > 0
+    with pytest.raises(CommandError, match=r"either a FILE or --sample"):
+        run("seed_proxies", str(SAMPLE), "--sample")
