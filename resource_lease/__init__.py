@@ -23,7 +23,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BarrierTimeout",
+    "Dispenser",
     "DoubleBarrier",
+    "FolderWorker",
     "Group",
     "Lease",
     "LeaseDatabaseError",
@@ -32,6 +34,8 @@ __all__ = [
     "MemberTaken",
     "NoResourceAvailable",
     "ResourceHolder",
+    "WorkItem",
+    "Worker",
     "acquire",
     "close_connections",
 ]
@@ -39,9 +43,11 @@ __all__ = [
 if TYPE_CHECKING:
     from resource_lease.barrier import DoubleBarrier
     from resource_lease.db.connections import close_connections
+    from resource_lease.dispenser import Dispenser, WorkItem
     from resource_lease.groups import Group
     from resource_lease.holder import ResourceHolder
     from resource_lease.lease import Lease, acquire
+    from resource_lease.worker import FolderWorker, Worker
 
 # The names below import models, which need the app registry; resolve them on first use so
 # that ``import resource_lease`` works before django.setup() (e.g. in settings or celery.py).
@@ -50,6 +56,10 @@ _LAZY = {
     "Lease": "resource_lease.lease",
     "ResourceHolder": "resource_lease.holder",
     "close_connections": "resource_lease.db.connections",
+    "Dispenser": "resource_lease.dispenser",
+    "WorkItem": "resource_lease.dispenser",
+    "Worker": "resource_lease.worker",
+    "FolderWorker": "resource_lease.worker",
     "Group": "resource_lease.groups",
     "DoubleBarrier": "resource_lease.barrier",
 }

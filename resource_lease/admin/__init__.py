@@ -2,9 +2,11 @@
 
 - ``resources``: the pool of resources (states, quarantine, force release) and its overview.
 - ``groups``: group members (with a kick action) and barriers (round, cohort, who is inside).
+- ``dispenser``: the dispensers' counts and their work items (retry failed, release claims).
 """
 
+from resource_lease.admin.dispenser import DispenserItemAdmin
 from resource_lease.admin.groups import BarrierOverviewAdmin, GroupMemberAdmin
 from resource_lease.admin.resources import PoolOverviewAdmin, ResourceAdmin
 
-__all__ = ["BarrierOverviewAdmin", "GroupMemberAdmin", "PoolOverviewAdmin", "ResourceAdmin"]
+__all__ = ["BarrierOverviewAdmin", "DispenserItemAdmin", "GroupMemberAdmin", "PoolOverviewAdmin", "ResourceAdmin"]
