@@ -206,6 +206,9 @@ class DispenserItem(models.Model):
     claimed_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    # Made exact by migration 0005 (db/dispenser.py); check W010 keeps watching them.
+    exact_text_fields: ClassVar[tuple[str, ...]] = ("dispenser", "key", "worker")
+
     class Meta:
         ordering = ["dispenser", "id"]
         constraints = [

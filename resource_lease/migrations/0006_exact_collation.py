@@ -9,7 +9,7 @@ from resource_lease.db.collation import ExactCollation
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('resource_lease', '0004_group_member_barrier_overview'),
+        ('resource_lease', '0005_dispenser_item'),
     ]
 
     operations = [
