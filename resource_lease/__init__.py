@@ -15,6 +15,7 @@ from resource_lease.exceptions import (
     LeaseDatabaseError,
     LeaseError,
     LeaseLost,
+    LockHeld,
     MemberTaken,
     NoResourceAvailable,
 )
@@ -25,12 +26,14 @@ __all__ = [
     "BarrierTimeout",
     "Dispenser",
     "DoubleBarrier",
+    "Election",
     "FolderWorker",
     "Group",
     "Lease",
     "LeaseDatabaseError",
     "LeaseError",
     "LeaseLost",
+    "LockHeld",
     "MemberTaken",
     "NoResourceAvailable",
     "ResourceHolder",
@@ -38,15 +41,21 @@ __all__ = [
     "Worker",
     "acquire",
     "close_connections",
+    "leader_only",
+    "lock",
+    "semaphore",
+    "synchronized",
 ]
 
 if TYPE_CHECKING:
     from resource_lease.barrier import DoubleBarrier
     from resource_lease.db.connections import close_connections
     from resource_lease.dispenser import Dispenser, WorkItem
+    from resource_lease.election import Election, leader_only
     from resource_lease.groups import Group
     from resource_lease.holder import ResourceHolder
     from resource_lease.lease import Lease, acquire
+    from resource_lease.locks import lock, semaphore, synchronized
     from resource_lease.worker import FolderWorker, Worker
 
 # The names below import models, which need the app registry; resolve them on first use so
@@ -56,12 +65,17 @@ _LAZY = {
     "Lease": "resource_lease.lease",
     "ResourceHolder": "resource_lease.holder",
     "close_connections": "resource_lease.db.connections",
+    "Election": "resource_lease.election",
+    "leader_only": "resource_lease.election",
     "Dispenser": "resource_lease.dispenser",
     "WorkItem": "resource_lease.dispenser",
     "Worker": "resource_lease.worker",
     "FolderWorker": "resource_lease.worker",
     "Group": "resource_lease.groups",
     "DoubleBarrier": "resource_lease.barrier",
+    "lock": "resource_lease.locks",
+    "semaphore": "resource_lease.locks",
+    "synchronized": "resource_lease.locks",
 }
 
 

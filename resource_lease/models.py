@@ -128,7 +128,8 @@ class LeaseEvent(models.Model):
 
     at = models.DateTimeField(help_text="When it happened, by the clock of the process that saw it.")
     event = models.CharField(max_length=20, choices=EVENTS)
-    kind = models.CharField(max_length=100)
+    # As long as Resource.kind: a semaphore's rows carry its name in their kind.
+    kind = models.CharField(max_length=255)
     name = models.CharField(max_length=255)
     resource_id = models.BigIntegerField(null=True, blank=True)
     holder = models.CharField(max_length=255, blank=True, default="")
@@ -166,6 +167,53 @@ class PoolOverview(Resource):
         proxy = True
         verbose_name = "pool overview"
         verbose_name_plural = "pool overview"
+
+
+class _CoordinationManager(models.Manager["Resource"]):
+    """The coordination rows of one family: kind equal to ``kind``, or starting with ``prefix``."""
+
+    def __init__(self, *, kind: str = "", prefix: str = "") -> None:
+        super().__init__()
+        self.kind, self.prefix = kind, prefix
+
+    def get_queryset(self) -> models.QuerySet[Resource]:
+        queryset = super().get_queryset()
+        return queryset.filter(kind=self.kind) if self.kind else queryset.filter(kind__startswith=self.prefix)
+
+
+class LockRow(Resource):
+    """The admin's page of named locks (``resource_lease.lock``): the rows of kind ``@lock``."""
+
+    objects: ClassVar[_CoordinationManager] = _CoordinationManager(kind=f"{COORDINATION_PREFIX}lock")  # type: ignore[assignment]
+
+    class Meta:
+        proxy = True
+        verbose_name = "lock"
+        verbose_name_plural = "locks"
+
+
+class SemaphoreSlot(Resource):
+    """The admin's page of semaphores (``resource_lease.semaphore``): one row per slot, of kind
+    ``@semaphore:<name>``."""
+
+    objects: ClassVar[_CoordinationManager] = _CoordinationManager(prefix=f"{COORDINATION_PREFIX}semaphore:")  # type: ignore[assignment]
+
+    class Meta:
+        proxy = True
+        verbose_name = "semaphore slot"
+        verbose_name_plural = "semaphores"
+
+
+class ElectionRow(Resource):
+    """The admin's page of leader elections: the rows of kind ``@election``, whose ``data`` is
+    the hand-over state the last leader saved."""
+
+    objects: ClassVar[_CoordinationManager] = _CoordinationManager(kind=f"{COORDINATION_PREFIX}election")  # type: ignore[assignment]
+
+    class Meta:
+        proxy = True
+        verbose_name = "election"
+        verbose_name_plural = "elections"
 
 
 class DispenserItem(models.Model):

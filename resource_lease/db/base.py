@@ -104,6 +104,15 @@ class Dialect:
     def setup_session(self, raw_connection: Any, lock_wait_timeout: float) -> None:
         """Per-connection settings for the engine's own connections."""
 
+    def connect(self, lock_wait_timeout: float) -> None:
+        """Open this dialect's connection and set its session up (MySQL: on one of several
+        cluster nodes)."""
+        self.connection.ensure_connection()
+        self.setup_session(self.connection.connection, lock_wait_timeout)
+
+    def disconnected(self) -> None:
+        """The connection was lost: the next ``connect`` may choose another server."""
+
     @staticmethod
     def connect_options(options: dict[str, Any], io_timeout: float) -> None:
         """Driver options (timeouts) for the engine's own connections; the user's win."""
@@ -159,6 +168,18 @@ class Dialect:
             returning=self.columns,
             read_back=(f"kind = {p} AND name = {p} AND grant_token = {p}", (kind, name, token)),
         )
+
+    def limit_slots(self, cursor: Any, *, kind: str, below: str) -> int:
+        """Enable the rows of ``kind`` whose name sorts before ``below`` and disable the others
+        (a semaphore's slot count: slot names are zero-padded numbers). A held row that gets
+        disabled keeps its holder; it is never granted again while disabled. Returns how many
+        rows changed (none when the count is already in force)."""
+        p = self.placeholder
+        cursor.execute(
+            f"UPDATE {self.table} SET enabled = (name < {p}) WHERE kind = {p} AND enabled <> (name < {p})",
+            (below, kind, below),
+        )
+        return int(cursor.rowcount)
 
     def insert_missing(self, cursor: Any, *, kind: str, names: Sequence[str], data: str = "{}") -> None:
         """Create the rows (kind, name) that do not exist yet, free and never leased.

@@ -9,7 +9,7 @@ from resource_lease.db.collation import ExactCollation
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('resource_lease', '0005_dispenser_item'),
+        ('resource_lease', '0006_locks_admin_and_event_kind'),
     ]
 
     operations = [
