@@ -74,6 +74,10 @@ class Resource(models.Model):
 
     created_at = models.DateTimeField(auto_now_add=True)
 
+    #: Text columns compared exactly on every database (migration ``ExactCollation``,
+    #: system check ``resource_lease.W010``): "PROXY" and "proxy " are not "proxy".
+    exact_text_fields: ClassVar[tuple[str, ...]] = ("kind", "name")
+
     objects = ResourceQuerySet.as_manager()
 
     class Meta:
@@ -136,6 +140,8 @@ class LeaseEvent(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True, help_text="For a grant: its expiry (database clock).")
     actor = models.CharField(max_length=150, blank=True, default="", help_text="Who did an operator's action.")
     detail = models.CharField(max_length=500, blank=True, default="")
+
+    exact_text_fields: ClassVar[tuple[str, ...]] = ("kind", "name")
 
     class Meta:
         ordering = ["-at", "-id"]
@@ -247,6 +253,9 @@ class DispenserItem(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    # Made exact by migration 0005 (db/dispenser.py); check W010 keeps watching them.
+    exact_text_fields: ClassVar[tuple[str, ...]] = ("dispenser", "key", "worker")
 
     class Meta:
         ordering = ["dispenser", "id"]
