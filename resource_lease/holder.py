@@ -36,11 +36,10 @@ from types import FrameType, TracebackType
 
 from django.db import connections as django_connections
 from django.db import transaction
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 
 from resource_lease import pool, signals
 from resource_lease.conf import lease_settings
-from resource_lease.db import DbNow
 from resource_lease.db.connections import (
     close_connections,
     run_repeatable,
@@ -212,13 +211,7 @@ class ResourceHolder(threading.Thread, metaclass=abc.ABCMeta):
     def candidates(self) -> QuerySet[Resource]:
         """Free, enabled, unquarantined resources of ``kind``, least recently used first
         (by the database's clock), for ``search()`` to narrow."""
-        now = DbNow()
-        return (
-            Resource.objects.using(self._using)
-            .filter(kind=self._kind, enabled=True, busy_before__lte=now)
-            .filter(Q(quarantined_until__isnull=True) | Q(quarantined_until__lte=now))
-            .order_by("busy_before", "pk")
-        )
+        return Resource.objects.using(self._using).free(self._kind).order_by("busy_before", "pk")
 
     def lock(self, candidate: Resource) -> Lease | None:
         """Lease ``candidate`` if it is still free: one conditional UPDATE on its id (free by the

@@ -18,7 +18,7 @@ from django.db import connections, transaction
 
 from resource_lease import signals
 from resource_lease.conf import lease_settings
-from resource_lease.db import DbNow, dialect_class
+from resource_lease.db import dialect_class
 from resource_lease.db.base import Row
 from resource_lease.db.connections import Disconnected, LockWaitTimeout, lease_connection, run, run_repeatable
 from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost, NoResourceAvailable
@@ -208,8 +208,8 @@ class Lease:
             current = (
                 Resource.objects.using(alias)
                 .select_for_update()
-                .filter(pk=self.resource.pk, holder=self.holder, fence=self.fence, busy_before__gt=DbNow())
-                .exclude(grant_token="")  # given back (see Dialect.ours)
+                .live()  # not given back nor expired (see Dialect.ours)
+                .filter(pk=self.resource.pk, holder=self.holder, fence=self.fence)
                 .exists()
             )
             if not current:
