@@ -15,20 +15,26 @@ from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost,
 __version__ = "0.1.0"
 
 __all__ = [
+    "Config",
     "Lease",
     "LeaseDatabaseError",
     "LeaseError",
     "LeaseLost",
     "NoResourceAvailable",
     "ResourceHolder",
+    "Watch",
     "acquire",
     "close_connections",
+    "notify",
+    "watch",
 ]
 
 if TYPE_CHECKING:
+    from resource_lease.config import Config
     from resource_lease.db.connections import close_connections
     from resource_lease.holder import ResourceHolder
     from resource_lease.lease import Lease, acquire
+    from resource_lease.notify import Watch, notify, watch
 
 # The names below import models, which need the app registry; resolve them on first use so
 # that ``import resource_lease`` works before django.setup() (e.g. in settings or celery.py).
@@ -37,6 +43,10 @@ _LAZY = {
     "Lease": "resource_lease.lease",
     "ResourceHolder": "resource_lease.holder",
     "close_connections": "resource_lease.db.connections",
+    "notify": "resource_lease.notify",
+    "watch": "resource_lease.notify",
+    "Watch": "resource_lease.notify",
+    "Config": "resource_lease.config",
 }
 
 
