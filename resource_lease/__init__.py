@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from resource_lease.db.connections import close_connections
     from resource_lease.holder import ResourceHolder
     from resource_lease.lease import Lease, acquire
-    from resource_lease.notify import Watch, notify, watch
+    from resource_lease.notifications import Watch, notify, watch
 
 # The names below import models, which need the app registry; resolve them on first use so
 # that ``import resource_lease`` works before django.setup() (e.g. in settings or celery.py).
@@ -43,9 +43,9 @@ _LAZY = {
     "Lease": "resource_lease.lease",
     "ResourceHolder": "resource_lease.holder",
     "close_connections": "resource_lease.db.connections",
-    "notify": "resource_lease.notify",
-    "watch": "resource_lease.notify",
-    "Watch": "resource_lease.notify",
+    "notify": "resource_lease.notifications",
+    "watch": "resource_lease.notifications",
+    "Watch": "resource_lease.notifications",
     "Config": "resource_lease.config",
 }
 

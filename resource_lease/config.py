@@ -20,7 +20,7 @@ from typing import Any, cast
 
 from resource_lease.db.connections import run_repeatable
 from resource_lease.db.topics import channel, statements
-from resource_lease.notify import (
+from resource_lease.notifications import (
     POLL,
     Watch,
     check_poll,

@@ -144,7 +144,7 @@ class PoolOverview(Resource):
 class Topic(models.Model):
     """A notification topic (``notify``/``watch``): its version and the last payload sent.
 
-    Only ``resource_lease.notify`` writes it, with one upsert per notification that raises
+    Only ``resource_lease.notify()`` writes it, with one upsert per notification that raises
     ``version`` by one (created at 1 on first use).
     """
 

@@ -4,7 +4,7 @@ from django.db import migrations, models
 
 
 def names_compare_exactly(apps, schema_editor):
-    # MySQL/MariaDB: topic and config names compare byte for byte (utf8mb4_bin), not
+    # MySQL/MariaDB: topic and config names compare byte for byte (a binary NO PAD collation), not
     # ignoring case and trailing spaces; nothing to do elsewhere.
     from resource_lease.db.topics import make_exact
 

@@ -114,6 +114,7 @@ class Watch:
         self._stopping = threading.Event()
         self._listener: Listener | None = None
         self._listen_retry_at = 0.0
+        self._listen_failing = False
         #: Set once the thread has ended (stopped, or failed).
         self.stopped = threading.Event()
         #: Database errors met so far (the thread goes on after each).
@@ -186,8 +187,14 @@ class Watch:
         try:
             # LISTEN before the read that follows: a change committed after that read wakes us.
             self._listener = listener(self.alias, self._wake_channel)
-        except Exception:
-            logger.warning("watch %r: cannot LISTEN, polling every %gs", self.name, self.poll, exc_info=True)
+        except Exception as exc:
+            if not self._listen_failing:
+                logger.warning("watch %r: cannot LISTEN, polling every %gs", self.name, self.poll, exc_info=True)
+            else:
+                logger.debug("watch %r: still cannot LISTEN: %s", self.name, exc)
+            self._listen_failing = True
+        else:
+            self._listen_failing = False
 
     def _wait(self) -> None:
         if self._listener is None:

@@ -1,0 +1,492 @@
+"""notify() and watch(), with real processes racing on the database.
+
+- N processes notifying a brand-new topic at once create one row and get the versions
+  1..N*K, each once (a read-then-write bump, the negative control, is caught by that check);
+- a watcher in another process sees the versions increase and always gets the latest,
+  with the payload of that version;
+- callbacks never overlap (a slow callback), and changes during one are coalesced, never
+  lost (a watcher that compares payloads, the negative control, loses one);
+- on PostgreSQL a NOTIFY wakes the watcher well within its poll interval;
+- a watcher whose connections are killed from the server, or whose database cannot be
+  reached for a while, catches up with the final value.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import statistics
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+from django.db import connection
+
+from resource_lease import Watch, notify, watch
+from resource_lease.db.connections import close_connections
+from resource_lease.models import Topic
+from resource_lease.notifications import topic_state
+from tests.conftest import worker_env
+from tests.faults.harness import Child
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture
+def start(spawn_worker: Callable[..., subprocess.Popen[str]]) -> Callable[..., Child]:
+    """``start(*args, env=None)``: tests/procs/notify_proc.py as a Child (JSON lines)."""
+
+    def run(*args: Any, env: dict[str, str] | None = None) -> Child:
+        proc = spawn_worker(
+            "tests.procs.notify_proc",
+            *map(str, args),
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        return Child(proc, f"notify_proc-{args[0]}")
+
+    return run
+
+
+def _deliveries(child: Child) -> list[dict[str, Any]]:
+    return child.of("got")
+
+
+def _wait_version(child: Child, version: int, timeout: float = 30.0) -> dict[str, Any]:
+    return child.wait_for("got", timeout=timeout, where=lambda e: e["version"] >= version)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))] if ordered else math.nan
+
+
+# -- bad input ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("call", "argument"),
+    [
+        (lambda: notify(""), "topic"),
+        (lambda: notify("x" * 201), "topic"),
+        (lambda: notify("a\x00b"), "topic"),
+        (lambda: notify(42), "topic"),  # type: ignore[arg-type]
+        (lambda: notify(None), "topic"),  # type: ignore[arg-type]
+        (lambda: notify("t", float("nan")), "payload"),
+        (lambda: notify("t", {"at": object()}), "payload"),
+        (lambda: notify("t", "nul\x00"), "payload"),
+        (lambda: notify("t", using="nope"), "using"),
+        (lambda: watch("", print), "topic"),
+        (lambda: watch("t", None), "callback"),  # type: ignore[arg-type]
+        (lambda: watch("t", "print"), "callback"),  # type: ignore[arg-type]
+        (lambda: watch("t", print, poll=0), "poll"),
+        (lambda: watch("t", print, poll=-1), "poll"),
+        (lambda: watch("t", print, poll=float("inf")), "poll"),
+        (lambda: watch("t", print, poll=True), "poll"),
+        (lambda: watch("t", print, using="nope"), "using"),
+    ],
+)
+def test_bad_input_is_refused_naming_the_argument_and_nothing_is_written(call: Callable[[], Any], argument: str) -> None:
+    with pytest.raises(ValueError, match=argument):
+        call()
+    assert not Topic.objects.exists()
+
+
+def test_notify_creates_the_topic_and_versions_go_up_by_one() -> None:
+    assert topic_state("built") == (0, None)
+    assert notify("built", {"day": "2026-11-23"}) == 1
+    assert notify("built") == 2
+    assert notify("built", ["a", 1, 2.5, True, None]) == 3
+    assert topic_state("built") == (3, ["a", 1, 2.5, True, None])
+    row = Topic.objects.get(name="built")
+    assert (row.version, row.payload) == (3, ["a", 1, 2.5, True, None])
+    assert len("x" * 200) == 200 and notify("x" * 200) == 1
+
+
+def test_names_compare_exactly_case_and_trailing_spaces_included() -> None:
+    """MariaDB's default collation would make these one topic; each must be its own."""
+    names = ["Index", "index", "index ", "índex"]
+    for name in names:
+        assert notify(name, name) == 1
+    assert sorted(Topic.objects.values_list("name", flat=True)) == sorted(names)
+    for name in names:
+        assert topic_state(name) == (1, name)
+
+
+# -- race on a new topic -------------------------------------------------------------------
+
+RACERS = 6
+PER_RACER = 5
+
+
+def _race(start: Callable[..., Child], tmp_path: Path, *, naive: bool) -> tuple[list[int], list[str]]:
+    go = tmp_path / "go"
+    args = ["race", "--topic", "fresh", "--count", PER_RACER, "--go", go, *(["--naive"] if naive else [])]
+    racers = [start(*args) for _ in range(RACERS)]
+    for racer in racers:
+        racer.wait_for("ready", timeout=60)
+    go.touch()
+    for racer in racers:
+        assert racer.proc.wait(timeout=120) == 0, racer.tail()
+        racer.wait_for("eof")
+    versions = [e["version"] for racer in racers for e in racer.of("notified")]
+    errors = [e["error"] for racer in racers for e in racer.of("error")]
+    return versions, errors
+
+
+def _race_violations(versions: list[int], errors: list[str]) -> list[str]:
+    """Each notification got its own version, 1..N with none twice or missing, and one row."""
+    problems = [f"error: {e}" for e in errors]
+    expected = list(range(1, RACERS * PER_RACER + 1))
+    if sorted(versions) != expected:
+        dupes = sorted({v for v in versions if versions.count(v) > 1})
+        problems.append(f"versions {sorted(versions)} are not 1..{len(expected)} each once (twice: {dupes})")
+    rows = list(Topic.objects.filter(name="fresh").values_list("version", flat=True))
+    if rows != [len(expected)]:
+        problems.append(f"topic rows {rows}, expected one at version {len(expected)}")
+    return problems
+
+
+def test_processes_notifying_a_new_topic_at_once_create_one_row_and_distinct_versions(
+    start: Callable[..., Child], tmp_path: Path
+) -> None:
+    versions, errors = _race(start, tmp_path, naive=False)
+    problems = _race_violations(versions, errors)
+    print(f"race: {RACERS} processes x {PER_RACER} notifications, versions {min(versions)}..{max(versions)}")
+    assert not problems, problems
+
+
+def test_negative_control_a_read_then_write_bump_is_caught(start: Callable[..., Child], tmp_path: Path) -> None:
+    """The same check must fail a bump that reads the version and writes it back + 1."""
+    versions, errors = _race(start, tmp_path, naive=True)
+    problems = _race_violations(versions, errors)
+    print(f"negative control: {len(problems)} problem(s): {problems[:2]}")
+    assert problems, "the check did not notice a non-atomic version bump"
+
+
+# -- a watcher in another process ------------------------------------------------------------
+
+
+def _check_deliveries(got: list[dict[str, Any]], sent: dict[int, Any], final: int) -> list[str]:
+    """Versions strictly increase, each with the payload sent under it, the last is final."""
+    problems = []
+    versions = [e["version"] for e in got]
+    if any(b <= a for a, b in zip(versions, versions[1:], strict=False)):
+        problems.append(f"versions went backwards or repeated: {versions}")
+    for e in got:
+        if e["version"] in sent and e["payload"] != sent[e["version"]]:
+            problems.append(f"version {e['version']} came with {e['payload']}, was sent with {sent[e['version']]}")
+    if not versions or versions[-1] != final:
+        problems.append(f"the last delivery is {versions[-1:]} not the final version {final}")
+    return problems
+
+
+def test_a_watcher_sees_versions_increase_and_always_the_latest(start: Callable[..., Child]) -> None:
+    notify("feed", "before")  # not delivered: it happened before the watch started
+    watcher = start("watch", "--topic", "feed", "--poll", 0.2)
+    watcher.wait_for("ready", timeout=60)
+    sent: dict[int, Any] = {}
+    stop = threading.Event()
+
+    def send(n: int) -> None:
+        for i in range(n):
+            payload = {"by": threading.get_ident(), "i": i}
+            sent[notify("feed", payload)] = payload
+            time.sleep(0.01 * (i % 4))
+        close_connections()
+
+    senders = [threading.Thread(target=send, args=(40,)) for _ in range(3)]
+    for t in senders:
+        t.start()
+    for t in senders:
+        t.join()
+    stop.set()
+    final = max(sent)
+    _wait_version(watcher, final)
+    watcher.finish()
+    got = _deliveries(watcher)
+    print(f"watch: {len(sent)} notifications, {len(got)} deliveries (coalesced {len(sent) - len(got)})")
+    assert 1 not in [e["version"] for e in got], "a change from before the watch was delivered"
+    problems = _check_deliveries(got, sent, final)
+    assert not problems, problems
+
+
+def _slow_round(start: Callable[..., Child], *, naive: bool) -> tuple[list[dict[str, Any]], dict[int, Any], int]:
+    """A slow callback: two changes arrive while it runs, the second back to the first
+    payload. The last one must still be delivered (once the callback returns)."""
+    args = ["watch", "--topic", "slow", "--poll", 0.2, "--slow", 1.0, *(["--naive-payload"] if naive else [])]
+    watcher = start(*args)
+    watcher.wait_for("ready", timeout=60)
+    sent: dict[int, Any] = {}
+    for round_ in range(2):
+        v = notify("slow", "on")
+        sent[v] = "on"
+        watcher.wait_for("enter", timeout=30, where=lambda e, v=v: e["version"] == v)
+        for payload in ("off", "on"):  # during the callback
+            sent[notify("slow", payload)] = payload
+        time.sleep(2.5)  # the callback ends, then a poll or a wake-up
+        sent[notify("slow", f"quiet-{round_}")] = f"quiet-{round_}"
+        _wait_version(watcher, max(sent), timeout=30)
+        time.sleep(1.2)
+    final = max(sent)
+    watcher.finish()
+    return _deliveries(watcher), sent, final
+
+
+def test_callbacks_never_overlap_and_changes_during_one_are_coalesced_not_lost(start: Callable[..., Child]) -> None:
+    got, sent, final = _slow_round(start, naive=False)
+    problems = _check_deliveries(got, sent, final)
+    # The change back to "on" made during the callback is delivered after it.
+    for v, payload in sent.items():
+        if payload == "on" and v - 2 in sent and sent[v - 2] == "on" and v not in [e["version"] for e in got]:
+            problems.append(f"version {v} (sent during a callback) was never delivered")
+    spans = sorted((e["start"], e["end"]) for e in got)
+    problems += [f"callbacks overlap: {a} and {b}" for a, b in zip(spans, spans[1:], strict=False) if b[0] < a[1]]
+    if len({e["thread"] for e in got}) != 1:
+        problems.append(f"callbacks ran on several threads: {sorted({e['thread'] for e in got})}")
+    print(f"slow callback: sent {sorted(sent)}, delivered {[e['version'] for e in got]}")
+    assert not problems, problems
+
+
+def test_negative_control_a_watch_that_compares_payloads_loses_a_change(start: Callable[..., Child]) -> None:
+    got, sent, final = _slow_round(start, naive=True)
+    missed = [v for v, p in sent.items() if p == "on" and v > min(sent) and v not in [e["version"] for e in got]]
+    print(f"negative control: delivered {[e['version'] for e in got]}, missed {missed}")
+    assert missed, "the payload-comparing watcher delivered the change back to 'on': the check proves nothing"
+
+
+# -- in-process behaviour ------------------------------------------------------------------
+
+
+def test_a_failing_callback_is_logged_loudly_and_the_watch_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    calls: list[int] = []
+    delivered = threading.Event()
+
+    def callback(payload: Any, version: int) -> None:
+        calls.append(version)
+        if version == 1:
+            raise RuntimeError("boom")
+        delivered.set()
+
+    with caplog.at_level(logging.ERROR, logger="resource_lease"):
+        w = watch("flaky", callback, poll=0.1)
+        try:
+            notify("flaky")
+            deadline = time.monotonic() + 20
+            while 1 not in calls and time.monotonic() < deadline:
+                time.sleep(0.05)
+            notify("flaky")
+            assert delivered.wait(20), calls
+        finally:
+            w.stop()
+    assert calls == [1, 2]
+    failed = [r for r in caplog.records if "callback failed" in r.getMessage()]
+    assert failed and failed[0].exc_info is not None and "boom" in str(failed[0].exc_info[1])
+
+
+def test_stop_joins_the_thread_and_closes_its_connections_and_may_be_called_from_the_callback() -> None:
+    w = watch("stopping", lambda p, v: None, poll=0.1)
+    assert isinstance(w, Watch) and w.is_alive()
+    time.sleep(0.3)
+    w.stop()
+    assert not w.is_alive() and w.stopped.is_set()
+
+    inside: list[Watch] = []
+    done = threading.Event()
+
+    def stop_from_inside(payload: Any, version: int) -> None:
+        inside[0].stop()  # must not deadlock joining itself
+        done.set()
+
+    inside.append(watch("stopping", stop_from_inside, poll=0.1))
+    notify("stopping")
+    assert done.wait(20)
+    inside[0].thread.join(10)
+    assert not inside[0].is_alive()
+
+
+# -- latency -------------------------------------------------------------------------------
+
+
+def test_watch_latency(start: Callable[..., Child]) -> None:
+    """PostgreSQL: NOTIFY wakes the watcher well within a 5 s poll. Elsewhere: polling
+    (figures only, with a bound of poll plus a generous margin)."""
+    pg = connection.vendor == "postgresql"
+    poll = 5.0 if pg else 0.5
+    watcher = start("watch", "--topic", "latency", "--poll", poll)
+    watcher.wait_for("ready", timeout=60)
+    time.sleep(0.5)  # the watcher's first wait has begun (and on PostgreSQL it LISTENs)
+    latencies = []
+    for _ in range(6 if CI else 20):
+        sent_at = time.monotonic()
+        version = notify("latency")
+        got = _wait_version(watcher, version, timeout=poll + 30)
+        latencies.append(got["start"] - sent_at)
+        time.sleep(0.2 + (0.3 if not pg else 0.0))
+    watcher.finish()
+    how = "LISTEN/NOTIFY" if pg else "polling"
+    print(
+        f"watch latency ({connection.vendor}, {how}, poll {poll:g}s): p50 {statistics.median(latencies) * 1000:.1f} ms,"
+        f" p99 {_quantile(latencies, 0.99) * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms over {len(latencies)}"
+    )
+    if pg:
+        assert max(latencies) < poll / 2, latencies
+    else:
+        assert max(latencies) < poll + 10, latencies
+
+
+# -- a watcher's database goes away -----------------------------------------------------------
+
+
+def _kill_other_sessions() -> int:
+    """End every session on the test database but this one, from the server."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute(
+                "SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+            )
+            ids = [row[0] for row in cursor.fetchall()]
+            for session in ids:
+                try:
+                    cursor.execute(f"KILL CONNECTION {int(session)}")
+                except Exception:  # it ended by itself meanwhile
+                    pass
+            return len(ids)
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return int(cursor.fetchone()[0])
+
+
+def test_a_watcher_whose_connections_are_killed_catches_up(start: Callable[..., Child]) -> None:
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no server: no session to kill")
+    watcher = start("watch", "--topic", "killed", "--poll", 0.5)
+    watcher.wait_for("ready", timeout=60)
+    sent: dict[int, Any] = {}
+    catch_up = []
+    for round_ in range(3):
+        v = notify("killed", {"round": round_})
+        sent[v] = {"round": round_}
+        _wait_version(watcher, v)
+        close_connections()
+        time.sleep(0.3)
+        killed = _kill_other_sessions()
+        assert killed >= 1, "no session of the watcher to kill: the fault was not injected"
+        t0 = time.monotonic()
+        for i in range(3):
+            sent[notify("killed", {"round": round_, "i": i})] = {"round": round_, "i": i}
+        got = _wait_version(watcher, max(sent), timeout=30)
+        catch_up.append(got["start"] - t0)
+    watcher.finish()
+    problems = _check_deliveries(_deliveries(watcher), sent, max(sent))
+    print(f"killed sessions: caught up in {[round(c, 3) for c in catch_up]} s")
+    assert not problems, problems
+
+
+class OutageProxy:
+    """A TCP proxy to the database server that can be taken down (every connection through
+    it cut, new ones refused at once) and brought back up."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.up = True
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if not self.up:
+                client.close()
+                continue
+            try:
+                server = socket.create_connection(self.target, timeout=10)
+            except OSError:
+                client.close()
+                continue
+            server.settimeout(None)
+            with self._lock:
+                self._socks += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def down(self) -> None:
+        self.up = False
+        with self._lock:
+            socks, self._socks = self._socks, []
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.down()
+        self._listener.close()
+
+
+@pytest.fixture
+def outage_proxy() -> Iterator[OutageProxy]:
+    url = urlsplit(os.environ.get("DATABASE_URL", ""))
+    proxy = OutageProxy(url.hostname or "127.0.0.1", url.port or (3306 if url.scheme.startswith("mysql") else 5432))
+    yield proxy
+    proxy.close()
+
+
+def test_a_watcher_whose_database_was_unreachable_catches_up_on_reconnect(
+    start: Callable[..., Child], outage_proxy: OutageProxy
+) -> None:
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no server to lose")
+    url = urlsplit(os.environ["DATABASE_URL"])
+    through_proxy = urlunsplit(url._replace(netloc=f"{url.username or ''}@127.0.0.1:{outage_proxy.port}"))
+    watcher = start("watch", "--topic", "outage", "--poll", 0.5, env=worker_env(DATABASE_URL=through_proxy))
+    watcher.wait_for("ready", timeout=60)
+    sent = {notify("outage", "first"): "first"}
+    _wait_version(watcher, 1)
+    outage_proxy.down()
+    for i in range(3):  # changes the watcher cannot see while its database is unreachable
+        sent[notify("outage", f"during-{i}")] = f"during-{i}"
+        time.sleep(0.7)
+    delivered_during = [e for e in _deliveries(watcher) if e["version"] > 1]
+    outage_proxy.up = True
+    back = time.monotonic()
+    got = _wait_version(watcher, max(sent), timeout=60)
+    watcher.finish()
+    print(f"outage: caught up {got['start'] - back:.2f} s after the database came back")
+    assert not delivered_during, f"delivered while unreachable (the proxy did not cut it): {delivered_during}"
+    problems = _check_deliveries(_deliveries(watcher), sent, max(sent))
+    assert not problems, problems
+    assert got["payload"] == "during-2"
