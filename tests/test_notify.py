@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from resource_lease import Watch, notify, watch
 from resource_lease.db.connections import close_connections
@@ -96,7 +96,9 @@ def _quantile(values: list[float], q: float) -> float:
         (lambda: watch("t", print, using="nope"), "using"),
     ],
 )
-def test_bad_input_is_refused_naming_the_argument_and_nothing_is_written(call: Callable[[], Any], argument: str) -> None:
+def test_bad_input_is_refused_naming_the_argument_and_nothing_is_written(
+    call: Callable[[], Any], argument: str
+) -> None:
     with pytest.raises(ValueError, match=argument):
         call()
     assert not Topic.objects.exists()
@@ -359,7 +361,7 @@ def _kill_other_sessions() -> int:
             for session in ids:
                 try:
                     cursor.execute(f"KILL CONNECTION {int(session)}")
-                except Exception:  # it ended by itself meanwhile
+                except DatabaseError:  # it ended by itself meanwhile
                     pass
             return len(ids)
         cursor.execute(
