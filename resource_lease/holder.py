@@ -46,7 +46,7 @@ from resource_lease.db.connections import (
     run_repeatable,
 )
 from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost, NoResourceAvailable
-from resource_lease.lease import Backoff, Lease, attempt_grant, safety_margin
+from resource_lease.lease import Lease, attempt_grant, safety_margin
 from resource_lease.lease import acquire as lease_acquire
 from resource_lease.models import Resource
 from resource_lease.validation import (
@@ -56,6 +56,7 @@ from resource_lease.validation import (
     check_seconds,
     check_timeout,
 )
+from resource_lease.waiting import Backoff
 
 logger = logging.getLogger("resource_lease")
 

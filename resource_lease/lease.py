@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-import random
 import secrets
 import socket
 import threading
@@ -33,6 +32,7 @@ from resource_lease.validation import (
     check_seconds,
     check_timeout,
 )
+from resource_lease.waiting import wait_for
 
 logger = logging.getLogger("resource_lease")
 
@@ -49,19 +49,6 @@ def default_holder() -> str:
 
 def safety_margin(ttl: float) -> float:
     return min(ttl * float(lease_settings.SAFETY_MARGIN), float(lease_settings.SAFETY_MARGIN_MAX))
-
-
-class Backoff:
-    """Decorrelated jitter: waiters spread out instead of retrying in step."""
-
-    def __init__(self, base: float | None = None, cap: float | None = None) -> None:
-        self.base = float(lease_settings.BACKOFF_BASE if base is None else base)
-        self.cap = float(lease_settings.BACKOFF_MAX if cap is None else cap)
-        self._last = self.base
-
-    def next(self) -> float:
-        self._last = min(self.cap, random.uniform(self.base, self._last * 3))
-        return self._last
 
 
 class Lease:
@@ -312,20 +299,14 @@ def acquire(
     alias = check_alias(lease_settings.DATABASE if using is None else using)
     check_bool(auto_renew, "auto_renew")
     check_callable(on_lost, "on_lost")
-    if transaction.get_connection(alias).in_atomic_block and dialect_class(connections[alias].vendor).single_writer:
-        raise LeaseError(
-            f"acquire() inside an open transaction on {alias!r}: this database has a single writer, so the "
-            "grant would wait for your own transaction's lock. Acquire before entering atomic()."
-        )
+    refuse_inside_single_writer_transaction(alias, "acquire()")
 
-    deadline = None if wait is None else time.monotonic() + wait
-    backoff = Backoff()
     exists_checked = False
-    while True:
+
+    def attempt() -> Lease | None:
+        nonlocal exists_checked
         lease = attempt_grant(kind, ttl=ttl, holder=holder, alias=alias, on_lost=on_lost)
-        if lease is not None:
-            break
-        if not exists_checked:
+        if lease is None and not exists_checked:
             exists = run_repeatable(alias, lambda d, c: d.kind_exists(c, kind), what=f"looking up kind {kind!r}")
             if not exists:
                 hint = ""
@@ -336,12 +317,17 @@ def acquire(
                     )
                 raise NoResourceAvailable(f"there are no resources of kind {kind!r}{hint}", kind=kind, exists=False)
             exists_checked = True
-        now = time.monotonic()
-        if deadline is not None and now >= deadline:
-            raise NoResourceAvailable(f"no resource of kind {kind!r} was free within {wait:g}s", kind=kind, exists=True)
-        pause = backoff.next()
-        time.sleep(pause if deadline is None else min(pause, deadline - now))
+        return lease
 
+    lease = wait_for(attempt, timeout=wait)
+    if lease is None:
+        raise NoResourceAvailable(f"no resource of kind {kind!r} was free within {wait:g}s", kind=kind, exists=True)
+
+    return granted(lease, auto_renew=auto_renew)
+
+
+def granted(lease: Lease, *, auto_renew: bool) -> Lease:
+    """Announce a new grant (``lease_granted``) and start its background renewal if asked."""
     signals.lease_granted.send(sender=Resource, lease=lease)
     if auto_renew:
         from resource_lease.renewal import renewer
@@ -349,6 +335,16 @@ def acquire(
         lease._auto_renew = True
         renewer().add(lease)
     return lease
+
+
+def refuse_inside_single_writer_transaction(alias: str, what: str) -> None:
+    """On a single-writer database (SQLite), a grant from inside the caller's open write
+    transaction would wait for that transaction's own lock: refuse it clearly instead."""
+    if transaction.get_connection(alias).in_atomic_block and dialect_class(connections[alias].vendor).single_writer:
+        raise LeaseError(
+            f"{what} inside an open transaction on {alias!r}: this database has a single writer, so the "
+            "grant would wait for your own transaction's lock. Call it before entering atomic()."
+        )
 
 
 GrantStatement = Callable[[Any, Any, str], "Row | None"]

@@ -15,6 +15,22 @@ def _never() -> dt.datetime:
     return NEVER
 
 
+#: Kinds starting with this character are the engine's own rows for named locks,
+#: semaphores, elections, groups and barriers (``@lock``, ``@group:<name>``, ...): leased
+#: like any resource, never part of a pool. ``acquire()`` refuses such kinds.
+COORDINATION_PREFIX = "@"
+
+
+class ResourceQuerySet(models.QuerySet["Resource"]):
+    def pools(self) -> ResourceQuerySet:
+        """The pools' resources: everything but the coordination rows."""
+        return self.exclude(kind__startswith=COORDINATION_PREFIX)
+
+    def coordination(self) -> ResourceQuerySet:
+        """Only the coordination rows (locks, semaphores, elections, groups, barriers)."""
+        return self.filter(kind__startswith=COORDINATION_PREFIX)
+
+
 class Resource(models.Model):
     """A leasable resource (a proxy, an API account, a licence, a GPU).
 
@@ -23,7 +39,9 @@ class Resource(models.Model):
     database's clock.
     """
 
-    kind = models.CharField(max_length=100, help_text="The pool this resource belongs to.")
+    # 255 rather than a pool name's 100: coordination rows carry their group's or
+    # semaphore's name (up to 200 characters) in the kind, behind a reserved prefix.
+    kind = models.CharField(max_length=255, help_text="The pool this resource belongs to.")
     name = models.CharField(max_length=255, help_text="Unique within its kind.")
     data = models.JSONField(default=dict, blank=True, help_text="What the resource is (e.g. a proxy URL).")
     enabled = models.BooleanField(default=True, help_text="A disabled resource is never granted.")
@@ -54,6 +72,8 @@ class Resource(models.Model):
     previous_holder = models.CharField(max_length=255, blank=True, default="")
 
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = ResourceQuerySet.as_manager()
 
     class Meta:
         ordering = ["kind", "name"]

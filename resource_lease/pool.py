@@ -97,9 +97,10 @@ def with_state(queryset: QuerySet[Resource]) -> QuerySet[Resource]:
 
 
 def counts(queryset: QuerySet[Resource] | None = None) -> dict[str, dict[str, int]]:
-    """``{kind: {state: n, ..., "total": n}}`` for every kind in ``queryset``."""
+    """``{kind: {state: n, ..., "total": n}}`` for every kind in ``queryset`` (default: every
+    pool, without the coordination rows of locks, elections and groups)."""
     if queryset is None:
-        queryset = Resource.objects.all()
+        queryset = Resource.objects.pools()
     _check_queryset(queryset, "queryset")
     result: dict[str, dict[str, int]] = {}
     for row in with_state(queryset).order_by().values("kind", "state").annotate(n=Count("pk")):  # type: ignore[misc]

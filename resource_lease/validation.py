@@ -28,11 +28,26 @@ def check_text(value: str, name: str) -> str:
 
 
 def check_kind(kind: Any, name: str = "kind") -> str:
+    """A pool's name: non-empty, at most 100 characters, not the reserved ``@`` prefix."""
     if not isinstance(kind, str) or not kind.strip():
         raise ValueError(f"{name} must be a non-empty string, got {kind!r}")
     if len(kind) > 100:
         raise ValueError(f"{name} must be at most 100 characters, got {len(kind)}")
+    if kind.startswith("@"):  # models.COORDINATION_PREFIX
+        raise ValueError(
+            f"{name} must not start with '@' (reserved for the rows of locks, elections and groups), got {kind!r}"
+        )
     return check_text(kind, name)
+
+
+def check_name(value: Any, name: str = "name") -> str:
+    """The name of a lock, semaphore, election, group, barrier, dispenser, topic or config:
+    a non-empty string of at most 200 characters without NUL."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+    if len(value) > 200:
+        raise ValueError(f"{name} must be at most 200 characters, got {len(value)}")
+    return check_text(value, name)
 
 
 def check_seconds(value: Any, name: str, *, allow_zero: bool = False) -> float:

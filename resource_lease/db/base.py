@@ -16,7 +16,7 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 
-from resource_lease.models import Resource
+from resource_lease.models import NEVER, Resource
 
 Row = Sequence[Any]
 
@@ -88,6 +88,9 @@ class Dialect:
         self.freed_at = f"CASE WHEN quarantined_until > {now} THEN quarantined_until ELSE {now} END"
 
     true = "TRUE"
+    false = "FALSE"
+    #: ``INSERT ... <this>``: a row whose (kind, name) exists already is kept as it is.
+    on_conflict_keep = "ON CONFLICT (kind, name) DO NOTHING"
 
     # -- vendor pieces ---------------------------------------------------------------
 
@@ -142,6 +145,59 @@ class Dialect:
         )
         return None if row is None else self.to_datetime(row[0])
 
+    def grant_named(self, cursor: Any, *, kind: str, name: str, holder: str, token: str, ttl: float) -> Row | None:
+        """Grant the row (kind, name) if it is free; return its row (locks, elections, members).
+
+        The same SET list and free condition as ``acquire``; the unique (kind, name) index
+        finds the row, and the matched-row count decides the race.
+        """
+        p = self.placeholder
+        return self.update_returning(
+            cursor,
+            f"UPDATE {self.table} SET {self.grant_set} WHERE name = {p} AND {self.free}",
+            (holder, token, self.ttl_param(ttl), name, kind),
+            returning=self.columns,
+            read_back=(f"kind = {p} AND name = {p} AND grant_token = {p}", (kind, name, token)),
+        )
+
+    def insert_missing(self, cursor: Any, *, kind: str, names: Sequence[str], data: str = "{}") -> None:
+        """Create the rows (kind, name) that do not exist yet, free and never leased.
+
+        Race-safe: a row that another connection creates at the same moment is kept as it is
+        (no IntegrityError); ``data`` (JSON text) goes only into rows this statement creates.
+        """
+        if not names:
+            return
+        p = self.placeholder
+        never = self.connection.ops.adapt_datetimefield_value(NEVER)
+        row = f"({p}, {p}, {p}, {self.true}, {p}, '', 0, '', {self.false}, '', '', {self.now_sql})"
+        params: list[Any] = []
+        for name in names:
+            params += [kind, name, data, never]
+        cursor.execute(
+            f"INSERT INTO {self.table} (kind, name, data, enabled, busy_before, holder, fence, grant_token,"
+            f" took_over, previous_holder, quarantine_reason, created_at)"
+            f" VALUES {', '.join([row] * len(names))} {self.on_conflict_keep}",
+            params,
+        )
+
+    def read_named(self, cursor: Any, *, kind: str, names: Sequence[str] | None = None) -> tuple[list[Row], Any]:
+        """The rows of ``kind`` (only ``names`` if given; in no order), and the database's
+        clock when they were read (raw; ``to_datetime`` converts it)."""
+        p = self.placeholder
+        where, params = f"kind = {p}", [kind]
+        if names is not None:
+            if not names:
+                return [], None
+            where += f" AND name IN ({', '.join([p] * len(names))})"
+            params += list(names)
+        cursor.execute(f"SELECT {self.columns}, {self.now_sql} FROM {self.table} WHERE {where}", params)
+        rows = cursor.fetchall()
+        if not rows:
+            cursor.execute(f"SELECT {self.now_sql}")
+            return [], cursor.fetchall()[0][0]
+        return [row[:-1] for row in rows], rows[0][-1]
+
     def update_returning(
         self, cursor: Any, update: str, params: Sequence[Any], *, returning: str, read_back: tuple[str, Sequence[Any]]
     ) -> Row | None:
@@ -157,6 +213,13 @@ class Dialect:
             f"UPDATE {self.table} SET busy_before = {self.freed_at}, released_at = {self.now_sql},"
             f" grant_token = '' WHERE {self.ours}",
             (pk, holder, fence),
+        )
+        return bool(cursor.rowcount == 1)
+
+    def write_data(self, cursor: Any, *, pk: int, holder: str, fence: int, data: str) -> bool:
+        """Replace a live grant's payload (JSON text) if the grant is still ours: a fenced write."""
+        cursor.execute(
+            f"UPDATE {self.table} SET data = {self.placeholder} WHERE {self.ours}", (data, pk, holder, fence)
         )
         return bool(cursor.rowcount == 1)
 

@@ -30,6 +30,7 @@ class MySQLDialect(Dialect):
     vendor = "mysql"
     # UTC whatever the session time zone (PITFALLS 3), with microseconds (PITFALLS 4).
     now_sql = NOW_SQL["mysql"]
+    on_conflict_keep = "ON DUPLICATE KEY UPDATE id = id"
 
     def expiry_sql(self) -> str:
         return f"{self.now_sql} + INTERVAL %s MICROSECOND"

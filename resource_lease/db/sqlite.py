@@ -16,6 +16,7 @@ class SQLiteDialect(Dialect):
     # Django stores datetimes as 'YYYY-MM-DD HH:MM:SS.ffffff' text in UTC; this sorts with them.
     now_sql = NOW_SQL["sqlite"]
     true = "1"
+    false = "0"
 
     def expiry_sql(self) -> str:
         return "strftime('%Y-%m-%d %H:%M:%f', 'now', ?)"

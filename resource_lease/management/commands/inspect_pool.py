@@ -58,11 +58,11 @@ class Command(BaseCommand):
         **options: Any,
     ) -> None:
         using = database or str(lease_settings.DATABASE)
-        pool = Resource.objects.using(using).all()
+        pool = Resource.objects.using(using).pools()
         if kind is not None:
             pool = pool.filter(kind=kind)
             if not pool.exists():
-                known = sorted(set(Resource.objects.using(using).values_list("kind", flat=True).distinct()))
+                known = sorted(set(Resource.objects.using(using).pools().values_list("kind", flat=True).distinct()))
                 raise CommandError(
                     f"there are no resources of kind {kind!r} (kinds: {', '.join(known) if known else 'none'})"
                 )

@@ -41,7 +41,7 @@ from resource_lease.display import (
     unmask_payload,
     with_display_state,
 )
-from resource_lease.models import LeaseEvent, PoolOverview, Resource
+from resource_lease.models import LeaseEvent, PoolOverview, Resource, ResourceQuerySet
 from resource_lease.proxy_urls import MASK
 
 #: Fields the lease engine (or the pool operations) write; never edited in a form.
@@ -219,7 +219,9 @@ class ResourceAdmin(admin.ModelAdmin):
         css = CSS
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Resource]:
-        return with_display_state(super().get_queryset(request))
+        # Coordination rows (locks, elections, groups) have admin pages of their own.
+        queryset: ResourceQuerySet = super().get_queryset(request)  # type: ignore[assignment]
+        return with_display_state(queryset.pools())
 
     def get_fieldsets(self, request: HttpRequest, obj: Resource | None = None) -> Any:
         if obj is None:
@@ -410,7 +412,7 @@ class PoolOverviewAdmin(ReadOnlyAdmin):
         resources_url = reverse(f"{self.admin_site.name}:resource_lease_resource_changelist")
         kinds = []
         totals = dict.fromkeys((*pool.STATES, "total"), 0)
-        for kind, states in pool.counts().items():
+        for kind, states in pool.counts(Resource.objects.pools()).items():
             for key, value in states.items():
                 totals[key] += value
             kinds.append(_overview_row(kind, states, resources_url))
