@@ -113,15 +113,3 @@ def check_reason(value: Any, name: str = "reason") -> str:
         raise ValueError(f"{name} must be at most 500 characters, got {len(value)}")
     return check_text(value, name)
 
-
-#: The longest name of a lock, topic, config namespace or key.
-MAX_NAME = 200
-
-
-def check_name(value: Any, name: str) -> str:
-    """A name (topic, namespace, key): a non-empty string of at most 200 characters, no NUL."""
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-    if len(value) > MAX_NAME:
-        raise ValueError(f"{name} must be at most {MAX_NAME} characters, got {len(value)}")
-    return check_text(value, name)

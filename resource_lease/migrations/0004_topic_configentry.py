@@ -15,7 +15,7 @@ def names_compare_exactly(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('resource_lease', '0002_lease_event_pool_overview'),
+        ('resource_lease', '0003_coordination_kinds'),
     ]
 
     operations = [
