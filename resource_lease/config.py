@@ -11,6 +11,7 @@ most once per ``poll`` seconds when asked for a value, so every process sees a c
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import math
 import threading
@@ -20,6 +21,7 @@ from typing import Any, cast
 
 from resource_lease.db.connections import run_repeatable
 from resource_lease.db.topics import channel, statements
+from resource_lease.models import ConfigEntry
 from resource_lease.notifications import (
     POLL,
     Watch,
@@ -53,8 +55,9 @@ def coerce(type_name: str, value: Any, key: str) -> Any:
     """``value`` as a value of a key whose default has type ``type_name``: an int becomes a
     float for a float key; anything else of another type is a ValueError naming the key."""
     expected = TYPES[type_name]
-    article = "an" if type_name == "int" else "a"
-    wrong = ValueError(f"config key {key!r} takes {article} {type_name} (the type of its default), got {value!r}")
+    wrong = ValueError(
+        f"config key {key!r} takes {_article(type_name)} {type_name} (the type of its default), got {value!r}"
+    )
     if type_name in ("int", "float") and isinstance(value, bool):
         raise wrong  # a bool is an int to Python, never a number here
     if type_name == "float" and isinstance(value, int):
@@ -69,6 +72,40 @@ def coerce(type_name: str, value: Any, key: str) -> Any:
     if type_name in ("list", "dict"):
         encode_json(value, f"config key {key!r}")
     return value
+
+
+def parse_text(type_name: str, text: str, key: str) -> Any:
+    """A value typed as text (the admin's form): a str as it is; a bool as true/false; a
+    number, list or dict as JSON; then checked by ``coerce``. ValueError naming the key."""
+    if type_name == "str":
+        value: Any = text
+    elif type_name == "bool" and text.strip().lower() in ("true", "false"):
+        value = text.strip().lower() == "true"
+    else:
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"config key {key!r} takes {_article(type_name)} {type_name}, got {text!r}") from exc
+    return coerce(type_name, value, key)
+
+
+def store_entry(entry: ConfigEntry, value: Any, *, using: str | None = None) -> int:
+    """Store ``value`` for an existing entry (None: back to its default), validated by the
+    type recorded with it, through the same upsert as ``Config.set``; its new version."""
+    text = None if value is None else encode_json(coerce(entry.type, value, entry.key), f"config key {entry.key!r}")
+    alias = resolve_alias(using)
+    refuse_in_single_writer_transaction(alias, "storing a config value")
+    default = encode_json(entry.default, "default")
+    wake = channel("config", entry.namespace)
+
+    def statement(dialect: Any, cursor: Any) -> int:
+        return statements(dialect).set_value(cursor, entry.namespace, entry.key, entry.type, default, text, wake)
+
+    return run_repeatable(alias, statement, what=f"storing config {entry.namespace!r}:{entry.key!r}")
+
+
+def _article(type_name: str) -> str:
+    return "an" if type_name == "int" else "a"
 
 
 def same(a: Any, b: Any) -> bool:
@@ -279,4 +316,4 @@ class Config:
             logger.warning("Config %r: the database answers again", self.namespace)
 
 
-__all__ = ["Config", "coerce", "type_name_of"]
+__all__ = ["Config", "coerce", "parse_text", "store_entry", "type_name_of"]

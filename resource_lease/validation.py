@@ -112,4 +112,3 @@ def check_reason(value: Any, name: str = "reason") -> str:
     if len(value) > 500:
         raise ValueError(f"{name} must be at most 500 characters, got {len(value)}")
     return check_text(value, name)
-

@@ -1,8 +1,10 @@
 """The Django admin: one module per concern, each registering its own models.
 
 - ``resources``: the pool of resources (states, quarantine, force release) and its overview.
+- ``notify``: notification topics (read-only) and live configuration (editable, validated).
 """
 
+from resource_lease.admin.notify import ConfigEntryAdmin, TopicAdmin
 from resource_lease.admin.resources import PoolOverviewAdmin, ResourceAdmin
 
-__all__ = ["PoolOverviewAdmin", "ResourceAdmin"]
+__all__ = ["ConfigEntryAdmin", "PoolOverviewAdmin", "ResourceAdmin", "TopicAdmin"]

@@ -139,7 +139,7 @@ def config_watch(args: argparse.Namespace) -> None:
     handle = params.watch(on_change)
     emit("ready", values=params.as_dict())
     for line in sys.stdin:
-        words = line.split()
+        words = line.split()[1:]  # "<command id> get KEY"
         if words and words[0] == "get":
             emit("value", key=words[1], value=params[words[1]], t=time.monotonic())
     handle.stop()
