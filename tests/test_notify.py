@@ -127,8 +127,8 @@ def test_names_compare_exactly_case_and_trailing_spaces_included() -> None:
 
 # -- race on a new topic -------------------------------------------------------------------
 
-RACERS = 6
-PER_RACER = 5
+RACERS = 4
+PER_RACER = 8
 
 
 def _race(start: Callable[..., Child], tmp_path: Path, *, naive: bool) -> tuple[list[int], list[str]]:
@@ -226,20 +226,19 @@ def test_a_watcher_sees_versions_increase_and_always_the_latest(start: Callable[
 def _slow_round(start: Callable[..., Child], *, naive: bool) -> tuple[list[dict[str, Any]], dict[int, Any], int]:
     """A slow callback: two changes arrive while it runs, the second back to the first
     payload. The last one must still be delivered (once the callback returns)."""
-    args = ["watch", "--topic", "slow", "--poll", 0.2, "--slow", 1.0, *(["--naive-payload"] if naive else [])]
+    args = ["watch", "--topic", "slow", "--poll", 0.2, "--slow", 0.6, *(["--naive-payload"] if naive else [])]
     watcher = start(*args)
     watcher.wait_for("ready", timeout=60)
     sent: dict[int, Any] = {}
-    for round_ in range(2):
-        v = notify("slow", "on")
-        sent[v] = "on"
-        watcher.wait_for("enter", timeout=30, where=lambda e, v=v: e["version"] == v)
-        for payload in ("off", "on"):  # during the callback
-            sent[notify("slow", payload)] = payload
-        time.sleep(2.5)  # the callback ends, then a poll or a wake-up
-        sent[notify("slow", f"quiet-{round_}")] = f"quiet-{round_}"
-        _wait_version(watcher, max(sent), timeout=30)
-        time.sleep(1.2)
+    v = notify("slow", "on")
+    sent[v] = "on"
+    watcher.wait_for("enter", timeout=30, where=lambda e: e["version"] == v)
+    for payload in ("off", "on"):  # during the callback
+        sent[notify("slow", payload)] = payload
+    watcher.wait_for("got", timeout=30, where=lambda e: e["version"] == v)  # the callback returned
+    time.sleep(0.2 + 0.6 + 0.5)  # a poll, and the next (slow) callback if one came
+    sent[notify("slow", "quiet")] = "quiet"
+    _wait_version(watcher, max(sent), timeout=30)
     final = max(sent)
     watcher.finish()
     return _deliveries(watcher), sent, final
@@ -249,9 +248,8 @@ def test_callbacks_never_overlap_and_changes_during_one_are_coalesced_not_lost(s
     got, sent, final = _slow_round(start, naive=False)
     problems = _check_deliveries(got, sent, final)
     # The change back to "on" made during the callback is delivered after it.
-    for v, payload in sent.items():
-        if payload == "on" and v - 2 in sent and sent[v - 2] == "on" and v not in [e["version"] for e in got]:
-            problems.append(f"version {v} (sent during a callback) was never delivered")
+    if 3 not in [e["version"] for e in got]:
+        problems.append("version 3 (sent during a callback, back to the first payload) was never delivered")
     spans = sorted((e["start"], e["end"]) for e in got)
     problems += [f"callbacks overlap: {a} and {b}" for a, b in zip(spans, spans[1:], strict=False) if b[0] < a[1]]
     if len({e["thread"] for e in got}) != 1:
@@ -262,7 +260,7 @@ def test_callbacks_never_overlap_and_changes_during_one_are_coalesced_not_lost(s
 
 def test_negative_control_a_watch_that_compares_payloads_loses_a_change(start: Callable[..., Child]) -> None:
     got, sent, final = _slow_round(start, naive=True)
-    missed = [v for v, p in sent.items() if p == "on" and v > min(sent) and v not in [e["version"] for e in got]]
+    missed = [v for v in (3,) if v not in [e["version"] for e in got]]
     print(f"negative control: delivered {[e['version'] for e in got]}, missed {missed}")
     assert missed, "the payload-comparing watcher delivered the change back to 'on': the check proves nothing"
 
@@ -329,7 +327,7 @@ def test_watch_latency(start: Callable[..., Child]) -> None:
     watcher.wait_for("ready", timeout=60)
     time.sleep(0.5)  # the watcher's first wait has begun (and on PostgreSQL it LISTENs)
     latencies = []
-    for _ in range(6 if CI else 20):
+    for _ in range(6 if CI else 12):
         sent_at = time.monotonic()
         version = notify("latency")
         got = _wait_version(watcher, version, timeout=poll + 30)
