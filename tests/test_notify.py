@@ -315,6 +315,37 @@ def test_stop_joins_the_thread_and_closes_its_connections_and_may_be_called_from
     assert not inside[0].is_alive()
 
 
+def _sessions() -> int | None:
+    """Sessions on the test database other than this test's own Django connection."""
+    if connection.vendor == "sqlite":
+        return None
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute(
+                "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+            )
+        else:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        return int(cursor.fetchone()[0])
+
+
+def test_stop_closes_the_watch_threads_connections() -> None:
+    topic_state("sessions")  # this thread's own engine connection, open from here on
+    before = _sessions()
+    w = watch("sessions", lambda p, v: None, poll=0.1)
+    time.sleep(0.5)
+    during = _sessions()
+    w.stop()
+    time.sleep(0.2)
+    after = _sessions()
+    print(f"sessions: before {before}, watching {during}, after stop {after}")
+    if before is not None:
+        assert during is not None and during > before, "the watch opened no connection of its own?"
+        assert after == before
+
+
 # -- latency -------------------------------------------------------------------------------
 
 
