@@ -65,35 +65,35 @@ def test_values_keep_the_type_of_their_default() -> None:
     assert type(fresh["min_title_sim"]) is float
 
 
-@pytest.mark.parametrize(
-    ("key", "value"),
-    [
-        ("max_rec", "x"),
-        ("max_rec", "800"),
-        ("max_rec", 800.0),
-        ("max_rec", True),
-        ("max_rec", None),
-        ("min_title_sim", True),
-        ("min_title_sim", "0.5"),
-        ("min_title_sim", float("nan")),
-        ("min_title_sim", float("inf")),
-        ("on", 1),
-        ("on", "true"),
-        ("label", 3),
-        ("label", "nul\x00"),
-        ("items", {"a": 1}),
-        ("items", [object()]),
-        ("opts", [1]),
-    ],
-)
-def test_a_value_of_another_type_is_a_value_error_naming_the_key_and_nothing_is_written(key: str, value: Any) -> None:
+WRONG_TYPES: list[tuple[str, Any]] = [
+    ("max_rec", "x"),
+    ("max_rec", "800"),
+    ("max_rec", 800.0),
+    ("max_rec", True),
+    ("max_rec", None),
+    ("min_title_sim", True),
+    ("min_title_sim", "0.5"),
+    ("min_title_sim", float("nan")),
+    ("min_title_sim", float("inf")),
+    ("on", 1),
+    ("on", "true"),
+    ("label", 3),
+    ("label", "nul\x00"),
+    ("items", {"a": 1}),
+    ("items", [object()]),
+    ("opts", [1]),
+]
+
+
+def test_a_value_of_another_type_is_a_value_error_naming_the_key_and_nothing_is_written() -> None:
     params = Config(
         "typed",
         defaults={"max_rec": 1000, "min_title_sim": 0.55, "on": True, "label": "x", "items": [1], "opts": {"a": 1}},
     )
     before = list(ConfigEntry.objects.order_by("key").values_list("key", "value", "version"))
-    with pytest.raises(ValueError, match=re.escape(repr(key))):
-        params.set(key, value)
+    for key, value in WRONG_TYPES:
+        with pytest.raises(ValueError, match=re.escape(repr(key))):
+            params.set(key, value)
     assert list(ConfigEntry.objects.order_by("key").values_list("key", "value", "version")) == before
     assert all(value is None and version == 0 for _, value, version in before)
 
@@ -107,28 +107,26 @@ def test_a_key_with_no_default_is_a_key_error() -> None:
     assert list(ConfigEntry.objects.values_list("key", flat=True)) == ["max_rec"]
 
 
-@pytest.mark.parametrize(
-    ("make", "argument"),
-    [
-        (lambda: Config("", defaults={"a": 1}), "namespace"),
-        (lambda: Config("n" * 201, defaults={"a": 1}), "namespace"),
-        (lambda: Config("a\x00b", defaults={"a": 1}), "namespace"),
-        (lambda: Config("ns", defaults=[("a", 1)]), "defaults"),  # type: ignore[arg-type]
-        (lambda: Config("ns", defaults={"a": None}), "defaults"),
-        (lambda: Config("ns", defaults={"a": (1, 2)}), "defaults"),
-        (lambda: Config("ns", defaults={"a": float("nan")}), "defaults"),
-        (lambda: Config("ns", defaults={"": 1}), "defaults key"),
-        (lambda: Config("ns", defaults={"k" * 201: 1}), "defaults key"),
-        (lambda: Config("ns", defaults={"a": 1}, poll=0), "poll"),
-        (lambda: Config("ns", defaults={"a": 1}, poll="1"), "poll"),  # type: ignore[arg-type]
-        (lambda: Config("ns", defaults={"a": 1}, using="nope"), "using"),
-    ],
-)
-def test_bad_construction_is_refused_naming_the_argument_and_nothing_is_written(
-    make: Callable[[], Any], argument: str
-) -> None:
-    with pytest.raises(ValueError, match=argument):
-        make()
+BAD_CONSTRUCTION: list[tuple[Callable[[], Any], str]] = [
+    (lambda: Config("", defaults={"a": 1}), "namespace"),
+    (lambda: Config("n" * 201, defaults={"a": 1}), "namespace"),
+    (lambda: Config("a\x00b", defaults={"a": 1}), "namespace"),
+    (lambda: Config("ns", defaults=[("a", 1)]), "defaults"),  # type: ignore[arg-type]
+    (lambda: Config("ns", defaults={"a": None}), "defaults"),
+    (lambda: Config("ns", defaults={"a": (1, 2)}), "defaults"),
+    (lambda: Config("ns", defaults={"a": float("nan")}), "defaults"),
+    (lambda: Config("ns", defaults={"": 1}), "defaults key"),
+    (lambda: Config("ns", defaults={"k" * 201: 1}), "defaults key"),
+    (lambda: Config("ns", defaults={"a": 1}, poll=0), "poll"),
+    (lambda: Config("ns", defaults={"a": 1}, poll="1"), "poll"),  # type: ignore[arg-type]
+    (lambda: Config("ns", defaults={"a": 1}, using="nope"), "using"),
+]
+
+
+def test_bad_construction_is_refused_naming_the_argument_and_nothing_is_written() -> None:
+    for make, argument in BAD_CONSTRUCTION:
+        with pytest.raises(ValueError, match=argument):
+            make()
     assert not ConfigEntry.objects.exists()
 
 
