@@ -28,9 +28,9 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 
-from resource_lease import Watch, notify, watch
+from resource_lease import LeaseError, Watch, notify, watch
 from resource_lease.db.connections import close_connections
 from resource_lease.models import Topic
 from resource_lease.notifications import topic_state
@@ -122,6 +122,21 @@ def test_names_compare_exactly_case_and_trailing_spaces_included() -> None:
     assert sorted(Topic.objects.values_list("name", flat=True)) == sorted(names)
     for name in names:
         assert topic_state(name) == (1, name)
+
+
+def test_notify_commits_at_once_whatever_the_callers_transaction() -> None:
+    """Its own connection, its own commit: a rollback of the caller's transaction does not
+    undo it. SQLite has one writer: inside atomic() it refuses instead of waiting for the
+    caller's own lock."""
+    if connection.vendor == "sqlite":
+        with transaction.atomic(), pytest.raises(LeaseError, match="single writer"):
+            notify("in-tx")
+        assert topic_state("in-tx") == (0, None)
+        return
+    with pytest.raises(RuntimeError, match="roll back"), transaction.atomic():
+        assert notify("in-tx", "kept") == 1
+        raise RuntimeError("roll back the caller's transaction")
+    assert topic_state("in-tx") == (1, "kept")
 
 
 # -- race on a new topic -------------------------------------------------------------------
