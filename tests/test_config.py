@@ -28,6 +28,7 @@ from django.test import Client
 from resource_lease import Config, notify
 from resource_lease.models import ConfigEntry
 from tests.faults.harness import Child
+from tests.notify_helpers import notify_child
 from tests.procs.notify_proc import DEFAULTS
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -35,11 +36,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def start(spawn_worker: Callable[..., subprocess.Popen[str]]) -> Callable[..., Child]:
-    def run(*args: Any) -> Child:
-        proc = spawn_worker("tests.procs.notify_proc", *map(str, args), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        return Child(proc, f"notify_proc-{args[0]}")
-
-    return run
+    return notify_child(spawn_worker)
 
 
 def _entry(namespace: str, key: str) -> ConfigEntry:

@@ -7,69 +7,43 @@
 - callbacks never overlap (a slow callback), and changes during one are coalesced, never
   lost (a watcher that compares payloads, the negative control, loses one);
 - on PostgreSQL a NOTIFY wakes the watcher well within its poll interval;
-- a watcher whose connections are killed from the server, or whose database cannot be
-  reached for a while, catches up with the final value.
+- stop() joins the thread and closes its connections.
+
+A watcher whose database goes away: test_watch_faults.py.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import random
-import socket
 import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-from django.db import DatabaseError, connection, transaction
+from django.db import connection, transaction
 
 from resource_lease import LeaseError, Watch, notify, watch
 from resource_lease.db.connections import close_connections
 from resource_lease.models import Topic
 from resource_lease.notifications import topic_state
-from tests.conftest import worker_env
 from tests.faults.harness import Child
+from tests.notify_helpers import check_deliveries, deliveries, notify_child, quantile, wait_version
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 @pytest.fixture
 def start(spawn_worker: Callable[..., subprocess.Popen[str]]) -> Callable[..., Child]:
-    """``start(*args, env=None)``: tests/procs/notify_proc.py as a Child (JSON lines)."""
-
-    def run(*args: Any, env: dict[str, str] | None = None) -> Child:
-        proc = spawn_worker(
-            "tests.procs.notify_proc",
-            *map(str, args),
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
-        return Child(proc, f"notify_proc-{args[0]}")
-
-    return run
+    return notify_child(spawn_worker)
 
 
-def _deliveries(child: Child) -> list[dict[str, Any]]:
-    return child.of("got")
-
-
-def _wait_version(child: Child, version: int, timeout: float = 30.0) -> dict[str, Any]:
-    return child.wait_for("got", timeout=timeout, where=lambda e: e["version"] >= version)
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))] if ordered else math.nan
+CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 # -- bad input ---------------------------------------------------------------------------
@@ -193,20 +167,6 @@ def test_negative_control_a_read_then_write_bump_is_caught(start: Callable[..., 
 # -- a watcher in another process ------------------------------------------------------------
 
 
-def _check_deliveries(got: list[dict[str, Any]], sent: dict[int, Any], final: int) -> list[str]:
-    """Versions strictly increase, each with the payload sent under it, the last is final."""
-    problems = []
-    versions = [e["version"] for e in got]
-    if any(b <= a for a, b in zip(versions, versions[1:], strict=False)):
-        problems.append(f"versions went backwards or repeated: {versions}")
-    for e in got:
-        if e["version"] in sent and e["payload"] != sent[e["version"]]:
-            problems.append(f"version {e['version']} came with {e['payload']}, was sent with {sent[e['version']]}")
-    if not versions or versions[-1] != final:
-        problems.append(f"the last delivery is {versions[-1:]} not the final version {final}")
-    return problems
-
-
 def test_a_watcher_sees_versions_increase_and_always_the_latest(start: Callable[..., Child]) -> None:
     notify("feed", "before")  # not delivered: it happened before the watch started
     watcher = start("watch", "--topic", "feed", "--poll", 0.2)
@@ -228,12 +188,12 @@ def test_a_watcher_sees_versions_increase_and_always_the_latest(start: Callable[
         t.join()
     stop.set()
     final = max(sent)
-    _wait_version(watcher, final)
+    wait_version(watcher, final)
     watcher.finish()
-    got = _deliveries(watcher)
+    got = deliveries(watcher)
     print(f"watch: {len(sent)} notifications, {len(got)} deliveries (coalesced {len(sent) - len(got)})")
     assert 1 not in [e["version"] for e in got], "a change from before the watch was delivered"
-    problems = _check_deliveries(got, sent, final)
+    problems = check_deliveries(got, sent, final)
     assert not problems, problems
 
 
@@ -255,15 +215,15 @@ def _slow_round(start: Callable[..., Child], *, naive: bool) -> tuple[list[dict[
     except AssertionError:
         pass
     sent[notify("slow", "quiet")] = "quiet"
-    _wait_version(watcher, max(sent), timeout=30)
+    wait_version(watcher, max(sent), timeout=30)
     final = max(sent)
     watcher.finish()
-    return _deliveries(watcher), sent, final
+    return deliveries(watcher), sent, final
 
 
 def test_callbacks_never_overlap_and_changes_during_one_are_coalesced_not_lost(start: Callable[..., Child]) -> None:
     got, sent, final = _slow_round(start, naive=False)
-    problems = _check_deliveries(got, sent, final)
+    problems = check_deliveries(got, sent, final)
     # The change back to "on" made during the callback is delivered after it.
     if 3 not in [e["version"] for e in got]:
         problems.append("version 3 (sent during a callback, back to the first payload) was never delivered")
@@ -379,163 +339,16 @@ def test_watch_latency(start: Callable[..., Child]) -> None:
     for _ in range(6 if CI else 12):
         sent_at = time.monotonic()
         version = notify("latency")
-        got = _wait_version(watcher, version, timeout=poll + 30)
+        got = wait_version(watcher, version, timeout=poll + 30)
         latencies.append(got["start"] - sent_at)
         time.sleep(random.uniform(0.1, 0.2 if pg else 0.6))  # not in step with the poll
     watcher.finish()
     how = "LISTEN/NOTIFY" if pg else "polling"
     print(
         f"watch latency ({connection.vendor}, {how}, poll {poll:g}s): p50 {statistics.median(latencies) * 1000:.1f} ms,"
-        f" p99 {_quantile(latencies, 0.99) * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms over {len(latencies)}"
+        f" p99 {quantile(latencies, 0.99) * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms over {len(latencies)}"
     )
     if pg:
         assert max(latencies) < poll / 2, latencies
     else:
         assert max(latencies) < poll + 10, latencies
-
-
-# -- a watcher's database goes away -----------------------------------------------------------
-
-
-def _kill_other_sessions() -> int:
-    """End every session on the test database but this one, from the server."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "mysql":
-            cursor.execute(
-                "SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()"
-            )
-            ids = [row[0] for row in cursor.fetchall()]
-            for session in ids:
-                try:
-                    cursor.execute(f"KILL CONNECTION {int(session)}")
-                except DatabaseError:  # it ended by itself meanwhile
-                    pass
-            return len(ids)
-        cursor.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
-        return int(cursor.fetchone()[0])
-
-
-def test_a_watcher_whose_connections_are_killed_catches_up(start: Callable[..., Child]) -> None:
-    if connection.vendor == "sqlite":
-        pytest.skip("SQLite has no server: no session to kill")
-    watcher = start("watch", "--topic", "killed", "--poll", 0.5)
-    watcher.wait_for("ready", timeout=60)
-    sent: dict[int, Any] = {}
-    catch_up = []
-    for round_ in range(3):
-        v = notify("killed", {"round": round_})
-        sent[v] = {"round": round_}
-        _wait_version(watcher, v)
-        close_connections()
-        time.sleep(0.3)
-        killed = _kill_other_sessions()
-        assert killed >= 1, "no session of the watcher to kill: the fault was not injected"
-        t0 = time.monotonic()
-        for i in range(3):
-            sent[notify("killed", {"round": round_, "i": i})] = {"round": round_, "i": i}
-        got = _wait_version(watcher, max(sent), timeout=30)
-        catch_up.append(got["start"] - t0)
-    watcher.finish()
-    problems = _check_deliveries(_deliveries(watcher), sent, max(sent))
-    print(f"killed sessions: caught up in {[round(c, 3) for c in catch_up]} s")
-    assert not problems, problems
-
-
-class OutageProxy:
-    """A TCP proxy to the database server that can be taken down (every connection through
-    it cut, new ones refused at once) and brought back up."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self.up = True
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._socks: list[socket.socket] = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            if not self.up:
-                client.close()
-                continue
-            try:
-                server = socket.create_connection(self.target, timeout=10)
-            except OSError:
-                client.close()
-                continue
-            server.settimeout(None)
-            with self._lock:
-                self._socks += [client, server]
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def down(self) -> None:
-        self.up = False
-        with self._lock:
-            socks, self._socks = self._socks, []
-        for s in socks:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-                s.close()
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        self.down()
-        self._listener.close()
-
-
-@pytest.fixture
-def outage_proxy() -> Iterator[OutageProxy]:
-    url = urlsplit(os.environ.get("DATABASE_URL", ""))
-    proxy = OutageProxy(url.hostname or "127.0.0.1", url.port or (3306 if url.scheme.startswith("mysql") else 5432))
-    yield proxy
-    proxy.close()
-
-
-def test_a_watcher_whose_database_was_unreachable_catches_up_on_reconnect(
-    start: Callable[..., Child], outage_proxy: OutageProxy
-) -> None:
-    if connection.vendor == "sqlite":
-        pytest.skip("SQLite has no server to lose")
-    url = urlsplit(os.environ["DATABASE_URL"])
-    through_proxy = urlunsplit(url._replace(netloc=f"{url.username or ''}@127.0.0.1:{outage_proxy.port}"))
-    watcher = start("watch", "--topic", "outage", "--poll", 0.5, env=worker_env(DATABASE_URL=through_proxy))
-    watcher.wait_for("ready", timeout=60)
-    sent = {notify("outage", "first"): "first"}
-    _wait_version(watcher, 1)
-    outage_proxy.down()
-    for i in range(3):  # changes the watcher cannot see while its database is unreachable
-        sent[notify("outage", f"during-{i}")] = f"during-{i}"
-        time.sleep(0.7)
-    delivered_during = [e for e in _deliveries(watcher) if e["version"] > 1]
-    outage_proxy.up = True
-    back = time.monotonic()
-    got = _wait_version(watcher, max(sent), timeout=60)
-    watcher.finish()
-    print(f"outage: caught up {got['start'] - back:.2f} s after the database came back")
-    assert not delivered_during, f"delivered while unreachable (the proxy did not cut it): {delivered_during}"
-    problems = _check_deliveries(_deliveries(watcher), sent, max(sent))
-    assert not problems, problems
-    assert got["payload"] == "during-2"
