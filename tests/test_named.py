@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -18,37 +19,34 @@ pytestmark = pytest.mark.django_db(transaction=True)
 RACERS = 8
 
 
-def race_new_name(spawn_worker, name: str, *, plain_insert: bool = False) -> list[str]:
-    start = time.time() + 3.0  # every racer has imported Django by then
+def race_new_name(spawn_worker, tmp_path: Path, name: str, *, plain_insert: bool = False) -> list[str]:
+    go = tmp_path / f"go-{name}"
     extra = ["--plain-insert"] if plain_insert else []
     procs = [
         spawn_worker(
             "tests.procs.named_race",
-            "--kind",
-            "@test",
-            "--name",
-            name,
-            "--start",
-            str(start),
-            *extra,
+            *("--kind", "@test", "--name", name, "--go", str(go), *extra),
             stdout=subprocess.PIPE,
         )
         for _ in range(RACERS)
     ]
+    for proc in procs:  # every racer has imported Django and connected: start them together
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "READY"
+    go.touch()
     return [proc.communicate(timeout=60)[0].strip() for proc in procs]
 
 
-def test_a_brand_new_name_used_by_8_processes_at_once_has_one_winner(spawn_worker) -> None:
-    outcomes = race_new_name(spawn_worker, "brand-new")
+def test_a_brand_new_name_used_by_8_processes_at_once_has_one_winner(spawn_worker, tmp_path: Path) -> None:
+    outcomes = race_new_name(spawn_worker, tmp_path, "brand-new")
     assert not [o for o in outcomes if o.startswith("ERROR")], outcomes
     assert sorted(outcomes) == ["GRANTED 1"] + ["REFUSED"] * (RACERS - 1), outcomes
     assert Resource.objects.filter(kind="@test", name="brand-new").count() == 1
 
 
-def test_negative_control_check_then_insert_is_caught(spawn_worker) -> None:
+def test_negative_control_check_then_insert_is_caught(spawn_worker, tmp_path: Path) -> None:
     """The same race with "look, then INSERT" must surface errors, or the test proves nothing."""
     for attempt in range(3):  # the window is narrow; a few rounds make it certain enough
-        outcomes = race_new_name(spawn_worker, f"plain-{attempt}", plain_insert=True)
+        outcomes = race_new_name(spawn_worker, tmp_path, f"plain-{attempt}", plain_insert=True)
         if any(o.startswith("ERROR") for o in outcomes):
             return
     pytest.fail(f"a plain check-then-INSERT never collided: {outcomes}")

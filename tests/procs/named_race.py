@@ -1,16 +1,18 @@
 """Race for a brand-new named row: create it on first use and try once to be granted it.
 
-    python -m tests.procs.named_race --kind K --name N --start EPOCH [--no-ensure]
+    python -m tests.procs.named_race --kind K --name N --go PATH [--plain-insert]
 
-Waits until the wall-clock time EPOCH (so every racer starts together), then prints
-``GRANTED <fence>`` or ``REFUSED``; any exception (an IntegrityError, a deadlock that
-surfaced) is printed as ``ERROR <repr>`` with exit status 1. ``--no-ensure`` is the negative
-control: a plain INSERT per racer instead of the race-safe one.
+Prints ``READY`` once set up, waits until the file PATH exists (so every racer starts
+together, however slowly each started), then prints ``GRANTED <fence>`` or ``REFUSED``; any
+exception (an IntegrityError, a deadlock that surfaced) is printed as ``ERROR <repr>`` with
+exit status 1. ``--plain-insert`` is the negative control: a check and a plain INSERT per
+racer instead of the race-safe insert.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from tests.procs import setup
@@ -20,7 +22,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--kind", required=True)
     parser.add_argument("--name", required=True)
-    parser.add_argument("--start", type=float, required=True)
+    parser.add_argument("--go", required=True)
     parser.add_argument("--plain-insert", action="store_true")
     args = parser.parse_args()
     setup()
@@ -34,11 +36,19 @@ def main() -> None:
         def plain_ensure(alias: str, kind: str, names: list[str], **kwargs: object) -> None:
             for name in names:
                 if not Resource.objects.using(alias).filter(kind=kind, name=name).exists():
-                    time.sleep(0.3)
+                    time.sleep(0.5)
                     Resource.objects.using(alias).create(kind=kind, name=name)
 
         named.ensure = plain_ensure  # type: ignore[assignment]
-    time.sleep(max(0.0, args.start - time.time()))
+    from django.db import connection
+
+    from resource_lease.db.connections import lease_connection
+
+    connection.ensure_connection()  # connected before the start, so racers start together
+    lease_connection("default").cursor().close()
+    print("READY", flush=True)
+    while not os.path.exists(args.go):
+        time.sleep(0.001)
     try:
         lease = named.try_grant("default", args.kind, args.name, holder=default_holder(), ttl=30)
     except Exception as exc:  # noqa: BLE001 - the test counts whatever surfaced
