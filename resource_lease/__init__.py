@@ -10,16 +10,27 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost, NoResourceAvailable
+from resource_lease.exceptions import (
+    BarrierTimeout,
+    LeaseDatabaseError,
+    LeaseError,
+    LeaseLost,
+    MemberTaken,
+    NoResourceAvailable,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BarrierTimeout",
+    "DoubleBarrier",
     "Config",
+    "Group",
     "Lease",
     "LeaseDatabaseError",
     "LeaseError",
     "LeaseLost",
+    "MemberTaken",
     "NoResourceAvailable",
     "ResourceHolder",
     "Watch",
@@ -30,8 +41,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from resource_lease.barrier import DoubleBarrier
     from resource_lease.config import Config
     from resource_lease.db.connections import close_connections
+    from resource_lease.groups import Group
     from resource_lease.holder import ResourceHolder
     from resource_lease.lease import Lease, acquire
     from resource_lease.notifications import Watch, notify, watch
@@ -43,6 +56,8 @@ _LAZY = {
     "Lease": "resource_lease.lease",
     "ResourceHolder": "resource_lease.holder",
     "close_connections": "resource_lease.db.connections",
+    "Group": "resource_lease.groups",
+    "DoubleBarrier": "resource_lease.barrier",
     "notify": "resource_lease.notifications",
     "watch": "resource_lease.notifications",
     "Watch": "resource_lease.notifications",

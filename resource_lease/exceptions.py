@@ -30,3 +30,22 @@ class LeaseLost(LeaseError):
 
 class LeaseDatabaseError(LeaseError):
     """The database failed in a way the engine could not retry away."""
+
+
+class MemberTaken(LeaseError):
+    """A group or barrier member name is held by another live process (two live processes
+    must never share one member name)."""
+
+    def __init__(self, message: str, *, member: str = "", holder: str = "") -> None:
+        super().__init__(message)
+        self.member = member
+        #: Who holds the name now (``"<host>:<pid>#<id>"``), as recorded on its row.
+        self.holder = holder
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), self.args, {"member": self.member, "holder": self.holder})
+
+
+class BarrierTimeout(LeaseError):
+    """``DoubleBarrier.enter`` or ``leave`` did not complete within its timeout. After a timed-out
+    ``enter`` the member has been withdrawn: nothing of it is left behind."""

@@ -161,6 +161,24 @@ class PoolOverview(Resource):
         verbose_name_plural = "pool overview"
 
 
+class GroupMember(Resource):
+    """The admin's page of group members: the ``@group:<name>`` rows (a proxy, no data of its own)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "group member"
+        verbose_name_plural = "group members"
+
+
+class BarrierOverview(Resource):
+    """The admin's page of barriers: round, frozen cohort, who is inside and who waits."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "barrier"
+        verbose_name_plural = "barriers"
+
+
 class Topic(models.Model):
     """A notification topic (``notify``/``watch``): its version and the last payload sent.
 

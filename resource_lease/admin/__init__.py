@@ -1,10 +1,19 @@
 """The Django admin: one module per concern, each registering its own models.
 
 - ``resources``: the pool of resources (states, quarantine, force release) and its overview.
+- ``groups``: group members (with a kick action) and barriers (round, cohort, who is inside).
 - ``notify``: notification topics (read-only) and live configuration (editable, validated).
 """
 
+from resource_lease.admin.groups import BarrierOverviewAdmin, GroupMemberAdmin
 from resource_lease.admin.notify import ConfigEntryAdmin, TopicAdmin
 from resource_lease.admin.resources import PoolOverviewAdmin, ResourceAdmin
 
-__all__ = ["ConfigEntryAdmin", "PoolOverviewAdmin", "ResourceAdmin", "TopicAdmin"]
+__all__ = [
+    "BarrierOverviewAdmin",
+    "ConfigEntryAdmin",
+    "GroupMemberAdmin",
+    "PoolOverviewAdmin",
+    "ResourceAdmin",
+    "TopicAdmin",
+]
