@@ -15,6 +15,7 @@ from resource_lease.exceptions import (
     LeaseDatabaseError,
     LeaseError,
     LeaseLost,
+    LockHeld,
     MemberTaken,
     NoResourceAvailable,
 )
@@ -23,20 +24,30 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BarrierTimeout",
-    "DoubleBarrier",
     "Config",
+    "Dispenser",
+    "DoubleBarrier",
+    "Election",
+    "FolderWorker",
     "Group",
     "Lease",
     "LeaseDatabaseError",
     "LeaseError",
     "LeaseLost",
+    "LockHeld",
     "MemberTaken",
     "NoResourceAvailable",
     "ResourceHolder",
     "Watch",
+    "WorkItem",
+    "Worker",
     "acquire",
     "close_connections",
+    "leader_only",
+    "lock",
     "notify",
+    "semaphore",
+    "synchronized",
     "watch",
 ]
 
@@ -44,10 +55,14 @@ if TYPE_CHECKING:
     from resource_lease.barrier import DoubleBarrier
     from resource_lease.config import Config
     from resource_lease.db.connections import close_connections
+    from resource_lease.dispenser import Dispenser, WorkItem
+    from resource_lease.election import Election, leader_only
     from resource_lease.groups import Group
     from resource_lease.holder import ResourceHolder
     from resource_lease.lease import Lease, acquire
+    from resource_lease.locks import lock, semaphore, synchronized
     from resource_lease.notifications import Watch, notify, watch
+    from resource_lease.worker import FolderWorker, Worker
 
 # The names below import models, which need the app registry; resolve them on first use so
 # that ``import resource_lease`` works before django.setup() (e.g. in settings or celery.py).
@@ -56,8 +71,17 @@ _LAZY = {
     "Lease": "resource_lease.lease",
     "ResourceHolder": "resource_lease.holder",
     "close_connections": "resource_lease.db.connections",
+    "Election": "resource_lease.election",
+    "leader_only": "resource_lease.election",
+    "Dispenser": "resource_lease.dispenser",
+    "WorkItem": "resource_lease.dispenser",
+    "Worker": "resource_lease.worker",
+    "FolderWorker": "resource_lease.worker",
     "Group": "resource_lease.groups",
     "DoubleBarrier": "resource_lease.barrier",
+    "lock": "resource_lease.locks",
+    "semaphore": "resource_lease.locks",
+    "synchronized": "resource_lease.locks",
     "notify": "resource_lease.notifications",
     "watch": "resource_lease.notifications",
     "Watch": "resource_lease.notifications",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 
@@ -22,6 +23,26 @@ class NoResourceAvailable(LeaseError):
         # Pickled across processes (multiprocessing, Celery's prefork pool) with its fields;
         # result backends that rebuild it from the message alone get the defaults.
         return (type(self), self.args, {"kind": self.kind, "exists": self.exists})
+
+
+class LockHeld(NoResourceAvailable):
+    """A named lock (or every slot of a semaphore) is held by someone else past the timeout.
+
+    ``holder`` and ``expires_at`` (the database's clock) say who holds it and until when; for
+    a semaphore, the holder whose slot frees first. Both are in the message.
+    """
+
+    def __init__(
+        self, message: str, *, name: str = "", holder: str = "", expires_at: dt.datetime | None = None, kind: str = ""
+    ) -> None:
+        super().__init__(message, kind=kind, exists=True)
+        self.name = name
+        self.holder = holder
+        self.expires_at = expires_at
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        state = {"kind": self.kind, "exists": self.exists, "name": self.name, "holder": self.holder}
+        return (type(self), self.args, {**state, "expires_at": self.expires_at})
 
 
 class LeaseLost(LeaseError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import ClassVar
 
 from django.db import models
 from django.db.models import Q
@@ -123,7 +124,8 @@ class LeaseEvent(models.Model):
 
     at = models.DateTimeField(help_text="When it happened, by the clock of the process that saw it.")
     event = models.CharField(max_length=20, choices=EVENTS)
-    kind = models.CharField(max_length=100)
+    # As long as Resource.kind: a semaphore's rows carry its name in their kind.
+    kind = models.CharField(max_length=255)
     name = models.CharField(max_length=255)
     resource_id = models.BigIntegerField(null=True, blank=True)
     holder = models.CharField(max_length=255, blank=True, default="")
@@ -159,6 +161,109 @@ class PoolOverview(Resource):
         proxy = True
         verbose_name = "pool overview"
         verbose_name_plural = "pool overview"
+
+
+class _CoordinationManager(models.Manager["Resource"]):
+    """The coordination rows of one family: kind equal to ``kind``, or starting with ``prefix``."""
+
+    def __init__(self, *, kind: str = "", prefix: str = "") -> None:
+        super().__init__()
+        self.kind, self.prefix = kind, prefix
+
+    def get_queryset(self) -> models.QuerySet[Resource]:
+        queryset = super().get_queryset()
+        return queryset.filter(kind=self.kind) if self.kind else queryset.filter(kind__startswith=self.prefix)
+
+
+class LockRow(Resource):
+    """The admin's page of named locks (``resource_lease.lock``): the rows of kind ``@lock``."""
+
+    objects: ClassVar[_CoordinationManager] = _CoordinationManager(kind=f"{COORDINATION_PREFIX}lock")  # type: ignore[assignment]
+
+    class Meta:
+        proxy = True
+        verbose_name = "lock"
+        verbose_name_plural = "locks"
+
+
+class SemaphoreSlot(Resource):
+    """The admin's page of semaphores (``resource_lease.semaphore``): one row per slot, of kind
+    ``@semaphore:<name>``."""
+
+    objects: ClassVar[_CoordinationManager] = _CoordinationManager(prefix=f"{COORDINATION_PREFIX}semaphore:")  # type: ignore[assignment]
+
+    class Meta:
+        proxy = True
+        verbose_name = "semaphore slot"
+        verbose_name_plural = "semaphores"
+
+
+class ElectionRow(Resource):
+    """The admin's page of leader elections: the rows of kind ``@election``, whose ``data`` is
+    the hand-over state the last leader saved."""
+
+    objects: ClassVar[_CoordinationManager] = _CoordinationManager(kind=f"{COORDINATION_PREFIX}election")  # type: ignore[assignment]
+
+    class Meta:
+        proxy = True
+        verbose_name = "election"
+        verbose_name_plural = "elections"
+
+
+class DispenserItem(models.Model):
+    """One work item of a dispenser (``resource_lease.Dispenser``): a key, its JSON payload
+    and its claim.
+
+    Only the dispenser engine writes ``state``, ``worker``, ``expires_at``, ``fence``,
+    ``claim_token`` and ``attempts``, always with a conditional UPDATE judged by the
+    database's clock. An item in state ``assigned`` whose ``expires_at`` has passed is free
+    to be claimed again (its claim counted as an attempt).
+    """
+
+    PENDING = "pending"
+    ASSIGNED = "assigned"
+    DONE = "done"
+    FAILED = "failed"
+    STATES = [(PENDING, "pending"), (ASSIGNED, "assigned"), (DONE, "done"), (FAILED, "failed")]
+
+    dispenser = models.CharField(max_length=200, help_text="The dispenser (pool of work) this item belongs to.")
+    # "key" is a reserved word in MySQL: the column has another name.
+    key = models.CharField(max_length=255, db_column="item_key", help_text="Unique within its dispenser.")
+    payload = models.JSONField(null=True, blank=True)
+    state = models.CharField(max_length=10, choices=STATES, default=PENDING)
+    worker = models.CharField(
+        max_length=200, blank=True, default="", help_text="The worker that holds (or last held) the item."
+    )
+    expires_at = models.DateTimeField(
+        null=True, blank=True, help_text="End of the current claim (database clock); NULL unless assigned."
+    )
+    fence = models.BigIntegerField(default=0, help_text="Raised by one on every claim; never goes down.")
+    claim_token = models.CharField(
+        max_length=32, blank=True, default="", help_text="Random key of the assign that made the current claim."
+    )
+    attempts = models.IntegerField(default=0, help_text="Claims made since the item was last queued afresh.")
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["dispenser", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["dispenser", "key"], name="resource_lease_item_key_uniq"),
+            models.CheckConstraint(condition=Q(fence__gte=0), name="resource_lease_item_fence_not_negative"),
+        ]
+        indexes = [
+            # "Next pending items" (state pending, expires_at NULL, oldest id first) and
+            # "expired claims" (state assigned, expires_at in the past): one range each.
+            models.Index(fields=["dispenser", "state", "expires_at", "id"], name="resource_lease_item_next_idx"),
+            # "This worker's items": its claims, renewed and returned first by assign.
+            models.Index(fields=["dispenser", "worker", "state"], name="resource_lease_item_worker_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.dispenser}:{self.key}"
 
 
 class GroupMember(Resource):

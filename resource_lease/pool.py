@@ -60,7 +60,8 @@ def _queryset(resources: ResourceSet, using: str | None) -> QuerySet[Resource]:
 
 
 def _check_queryset(queryset: Any, name: str) -> None:
-    if not isinstance(queryset, QuerySet) or queryset.model is not Resource:
+    # Resource or one of its proxies (the admin's pages of locks, semaphores, elections).
+    if not isinstance(queryset, QuerySet) or not issubclass(queryset.model, Resource):
         raise ValueError(f"{name} must be a QuerySet of Resource, got {queryset!r}")
 
 

@@ -35,11 +35,16 @@ class Renewer:
         self._heap: list[tuple[float, int, weakref.ref[Lease]]] = []
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
+        # Leases with an entry in the heap: one entry per lease, however often its renewal
+        # is switched off and on again (leader_only renews only while its body runs).
+        self._queued: weakref.WeakSet[Lease] = weakref.WeakSet()
 
     def add(self, lease: Lease) -> None:
         due = time.monotonic() + lease.ttl * float(lease_settings.RENEW_FRACTION)
         with self._cond:
-            heapq.heappush(self._heap, (due, next(self._seq), weakref.ref(lease)))
+            if lease not in self._queued:
+                heapq.heappush(self._heap, (due, next(self._seq), weakref.ref(lease)))
+                self._queued.add(lease)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="resource-lease-renewer", daemon=True)
                 self._thread.start()
@@ -63,6 +68,8 @@ class Renewer:
                     if lease is not None and lease._auto_renew:
                         break
                     heapq.heappop(self._heap)  # released, lost or garbage-collected
+                    if lease is not None:
+                        self._queued.discard(lease)
                 if not self._heap:
                     # Linger briefly before exiting: back-to-back leases (a Celery worker's
                     # tasks) then reuse the thread and its connection instead of paying
@@ -79,6 +86,8 @@ class Renewer:
                 delay = self._heap[0][0] - time.monotonic()
                 if delay <= 0:
                     heapq.heappop(self._heap)
+                    assert lease is not None  # the loop above stops only at a live lease
+                    self._queued.discard(lease)
                     return lease
                 del lease
                 self._cond.wait(delay)
@@ -89,7 +98,11 @@ class Renewer:
                 next_in = lease._renew_in_background()
                 if next_in is not None:
                     with self._cond:
-                        heapq.heappush(self._heap, (time.monotonic() + next_in, next(self._seq), weakref.ref(lease)))
+                        if lease not in self._queued:  # add() may have queued it meanwhile
+                            heapq.heappush(
+                                self._heap, (time.monotonic() + next_in, next(self._seq), weakref.ref(lease))
+                            )
+                            self._queued.add(lease)
                 del lease
         except Exception:
             logger.exception("the lease renewal thread failed")

@@ -160,6 +160,18 @@ class Dialect:
             read_back=(f"kind = {p} AND name = {p} AND grant_token = {p}", (kind, name, token)),
         )
 
+    def limit_slots(self, cursor: Any, *, kind: str, below: str) -> int:
+        """Enable the rows of ``kind`` whose name sorts before ``below`` and disable the others
+        (a semaphore's slot count: slot names are zero-padded numbers). A held row that gets
+        disabled keeps its holder; it is never granted again while disabled. Returns how many
+        rows changed (none when the count is already in force)."""
+        p = self.placeholder
+        cursor.execute(
+            f"UPDATE {self.table} SET enabled = (name < {p}) WHERE kind = {p} AND enabled <> (name < {p})",
+            (below, kind, below),
+        )
+        return int(cursor.rowcount)
+
     def insert_missing(self, cursor: Any, *, kind: str, names: Sequence[str], data: str = "{}") -> None:
         """Create the rows (kind, name) that do not exist yet, free and never leased.
 

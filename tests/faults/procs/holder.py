@@ -1,8 +1,10 @@
 """A lease holder the fault scenarios drive: events out, commands in.
 
     python -m tests.faults.procs.holder --kind K --ttl T [--auto-renew] [--timeout S]
+    python -m tests.faults.procs.holder --lock NAME | --semaphore NAME --slots N --ttl T ...
 
-It acquires one resource at start and reports ``acquired``; then it reads commands on stdin,
+It acquires one resource (or takes the named lock, or a slot of the semaphore) at start and
+reports ``acquired``; then it reads commands on stdin,
 one per line (``<id> <command> [args]``), and answers each with a ``reply`` event:
 
 - ``renew [ttl]``, ``is_held``, ``check``, ``release``: the Lease methods;
@@ -46,13 +48,22 @@ class Holder:
         from resource_lease.pool import database_now
 
         sent = time.monotonic()
-        lease = acquire(
-            self.args.kind,
-            ttl=self.args.ttl,
-            timeout=self.args.timeout if timeout is None else timeout,
-            auto_renew=self.args.auto_renew,
-            on_lost=self.on_lost,
-        )
+        options: dict[str, Any] = {
+            "ttl": self.args.ttl,
+            "timeout": self.args.timeout if timeout is None else timeout,
+            "auto_renew": self.args.auto_renew,
+            "on_lost": self.on_lost,
+        }
+        if self.args.lock:
+            from resource_lease import lock
+
+            lease = lock(self.args.lock, **options)
+        elif self.args.semaphore:
+            from resource_lease import semaphore
+
+            lease = semaphore(self.args.semaphore, self.args.slots, **options)
+        else:
+            lease = acquire(self.args.kind, **options)
         received = time.monotonic()
         self.lease = lease
         row = lease.resource
@@ -173,7 +184,10 @@ class Holder:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--kind", required=True)
+    parser.add_argument("--kind", default="")
+    parser.add_argument("--lock", default="", help="hold this named lock instead of a resource of --kind")
+    parser.add_argument("--semaphore", default="", help="hold a slot of this semaphore (of --slots slots)")
+    parser.add_argument("--slots", type=int, default=1)
     parser.add_argument("--ttl", type=float, required=True)
     parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--auto-renew", action="store_true")

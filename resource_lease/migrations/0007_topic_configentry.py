@@ -15,7 +15,7 @@ def names_compare_exactly(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('resource_lease', '0004_group_member_barrier_overview'),
+        ('resource_lease', '0006_locks_admin_and_event_kind'),
     ]
 
     operations = [

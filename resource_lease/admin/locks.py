@@ -1,0 +1,188 @@
+"""The Django admin of named locks, semaphores and leader elections.
+
+Each is a read-only list of its coordination rows (proxies of ``Resource``: ``LockRow``,
+``SemaphoreSlot``, ``ElectionRow``): who holds, the fence, the time left by the database's
+clock and, for an election, the hand-over state the last leader saved. The one action is
+force release (``pool.force_release``, a conditional UPDATE that is safe while holders
+work: the holder's next renewal or fenced write is refused). Nothing else is written here:
+only the engine writes these rows.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.utils.html import format_html
+
+from resource_lease import pool
+from resource_lease.admin.resources import CSS, StateFilter, _actor, _badge, _breakable, _plural
+from resource_lease.audit import acting_as
+from resource_lease.display import current_holder, database_time, format_duration, with_display_state
+from resource_lease.models import ElectionRow, LockRow, Resource, SemaphoreSlot
+
+#: How a slot retired by shrinking a semaphore (a disabled row) is labelled.
+RETIRED = "retired"
+
+
+class CoordinationAdmin(admin.ModelAdmin):
+    """Read-only lists of coordination rows, with force release."""
+
+    list_per_page = 100
+    actions = ("force_release_action",)
+    search_fields = ("name", "holder")
+    list_filter = (StateFilter,)
+    change_list_template = "admin/resource_lease/coordination_change_list.html"
+    #: Shown above the list: what the page is and how to use it from code.
+    intro = ""
+
+    class Media:
+        css = CSS
+
+    # Seen and force-released by whoever may see and change resources, as well as by the
+    # holders of this page's own permissions.
+    def _may(self, request: HttpRequest, action: str) -> bool:
+        opts, resource = self.model._meta, Resource._meta
+        return request.user.has_perm(f"{opts.app_label}.{action}_{opts.model_name}") or request.user.has_perm(
+            f"{resource.app_label}.{action}_{resource.model_name}"
+        )
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._may(request, "view") or self._may(request, "change")
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # The list's action needs it; a row's own page stays read-only.
+        return obj is None and self._may(request, "change")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Resource]:
+        return with_display_state(super().get_queryset(request))
+
+    # -- columns ------------------------------------------------------------------------
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, obj: Resource) -> str:
+        state = getattr(obj, "state", "")
+        if state == pool.DISABLED:
+            return _badge(pool.DISABLED, RETIRED)
+        return _badge(state) if state else "-"
+
+    @admin.display(description="holder", ordering="holder")
+    def holder_display(self, obj: Resource) -> str:
+        holder = current_holder(obj)
+        if not holder:
+            return "-"
+        if obj.took_over and obj.previous_holder:
+            return format_html(
+                '{}<br><small title="its previous holder\'s lease expired unreleased">took over from {}</small>',
+                _breakable(holder),
+                obj.previous_holder,
+            )
+        return _breakable(holder)
+
+    @admin.display(description="time left", ordering="busy_before")
+    def time_left_display(self, obj: Resource) -> str:
+        return format_duration(getattr(obj, "time_left", None)) or "-"
+
+    @admin.display(description="held since", ordering="acquired_at")
+    def held_since(self, obj: Resource) -> str:
+        if not current_holder(obj) or obj.acquired_at is None:
+            return "-"
+        return f"{obj.acquired_at:%Y-%m-%d %H:%M:%S}"
+
+    # -- the action ---------------------------------------------------------------------
+
+    @admin.action(description="Force release (free now; the holder's next renewal fails)", permissions=["change"])
+    def force_release_action(self, request: HttpRequest, queryset: QuerySet[Resource]) -> None:
+        pks = list(queryset.values_list("pk", flat=True))
+        with acting_as(_actor(request)):
+            changed = pool.force_release(pks, using=queryset.db)
+        noun = str(self.model._meta.verbose_name)
+        message = f"Force-released {_plural(changed, noun)}"
+        if skipped := len(pks) - changed:
+            message += f"; {skipped} of the {len(pks)} selected had no live holder"
+        self.message_user(request, message + ".", messages.SUCCESS if changed else messages.WARNING)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        extra_context = {
+            **(extra_context or {}),
+            "database_now": database_time(Resource.objects.db),
+            "intro": self.intro,
+        }
+        return super().changelist_view(request, extra_context)
+
+
+LEASE_FIELDS = ("state_badge", "holder_display", "fence", "time_left_display", "busy_before", "held_since")
+HISTORY_FIELDS = ("acquired_at", "renewed_at", "released_at", "took_over", "previous_holder", "created_at")
+
+
+@admin.register(LockRow)
+class LockAdmin(CoordinationAdmin):
+    intro = 'Named locks: resource_lease.lock("name") and @synchronized("key"). One row per name.'
+    list_display = ("name", "state_badge", "holder_display", "fence", "time_left_display", "held_since")
+    ordering = ("name",)
+    fieldsets = (
+        (None, {"fields": ("name",)}),
+        ("Lease (written by the lock's holders only)", {"fields": LEASE_FIELDS}),
+        ("History", {"fields": HISTORY_FIELDS}),
+    )
+    readonly_fields = ("name", *LEASE_FIELDS, *HISTORY_FIELDS)
+
+
+@admin.register(SemaphoreSlot)
+class SemaphoreAdmin(CoordinationAdmin):
+    intro = (
+        'Semaphores: resource_lease.semaphore("name", slots=N). One row per slot; a slot above the count'
+        " in force is retired: never granted again once its holder lets go."
+    )
+    list_display = ("semaphore", "slot", "state_badge", "holder_display", "fence", "time_left_display", "held_since")
+    ordering = ("kind", "name")
+    fieldsets = (
+        (None, {"fields": ("semaphore", "slot")}),
+        ("Lease (written by the slot's holders only)", {"fields": LEASE_FIELDS}),
+        ("History", {"fields": HISTORY_FIELDS}),
+    )
+    readonly_fields = ("semaphore", "slot", *LEASE_FIELDS, *HISTORY_FIELDS)
+
+    @admin.display(description="semaphore", ordering="kind")
+    def semaphore(self, obj: Resource) -> str:
+        return obj.kind.split(":", 1)[1]
+
+    @admin.display(description="slot", ordering="name")
+    def slot(self, obj: Resource) -> str:
+        return str(int(obj.name)) if obj.name.isdigit() else obj.name
+
+
+@admin.register(ElectionRow)
+class ElectionAdmin(CoordinationAdmin):
+    intro = (
+        'Leader elections: resource_lease.Election("name") and @leader_only("name"). The holder is the'
+        " leader; the state is what the last leader handed over."
+    )
+    list_display = ("name", "state_badge", "leader", "fence", "time_left_display", "held_since", "handover_state")
+    ordering = ("name",)
+    fieldsets = (
+        (None, {"fields": ("name", "handover_state")}),
+        ("Leadership (written by the leaders only)", {"fields": LEASE_FIELDS}),
+        ("History", {"fields": HISTORY_FIELDS}),
+    )
+    readonly_fields = ("name", "handover_state", *LEASE_FIELDS, *HISTORY_FIELDS)
+
+    @admin.display(description="leader", ordering="holder")
+    def leader(self, obj: Resource) -> str:
+        return self.holder_display(obj)
+
+    @admin.display(description="hand-over state")
+    def handover_state(self, obj: Resource) -> str:
+        if not obj.data:
+            return "-"
+        text = json.dumps(obj.data, ensure_ascii=False, sort_keys=True)
+        return format_html('<code title="{}">{}</code>', text, text if len(text) <= 120 else text[:119] + "…")

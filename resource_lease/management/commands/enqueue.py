@@ -1,0 +1,70 @@
+"""``manage.py enqueue NAME [FILE|-]``: put work items into a dispenser, one per line.
+
+Each line is a key, optionally followed by whitespace and a JSON payload; blank lines and
+lines starting with ``#`` are skipped. A bad line stops everything before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from resource_lease.dispenser import Dispenser, check_key, check_name, check_payload
+from resource_lease.management.commands._arguments import database_argument
+
+
+class Command(BaseCommand):
+    help = "Put work items (a key and an optional JSON payload per line) into a dispenser."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("name", help="the dispenser's name")
+        parser.add_argument("file", nargs="?", default="-", help="file of items, or - for standard input (default)")
+        parser.add_argument(
+            "--recreate",
+            action="store_true",
+            help="make the pending pool exactly these items (assigned items stay with their workers)",
+        )
+        parser.add_argument("--database", type=database_argument, default=None, help="database alias")
+
+    def handle(self, *args: Any, name: str, file: str, recreate: bool, database: str | None, **options: Any) -> None:
+        try:
+            name = check_name(name, "name")
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        if file == "-":
+            text = sys.stdin.read()
+        else:
+            try:
+                text = Path(file).read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise CommandError(f"cannot read {file}: {exc}") from None
+        items: dict[str, Any] = {}
+        for number, line in enumerate(text.splitlines(), start=1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            key, *more = line.split(None, 1)
+            rest = more[0] if more else ""
+            try:
+                check_key(key)
+                payload = json.loads(rest) if rest else None
+                check_payload(payload, "payload")
+            except (ValueError, json.JSONDecodeError) as exc:
+                raise CommandError(f"line {number}: {exc}") from None
+            if key in items:
+                raise CommandError(f"line {number}: key {key!r} appears twice")
+            items[key] = payload
+        dispenser = Dispenser(name, using=database)
+        if recreate:
+            result = dispenser.recreate(items)
+            self.stdout.write(
+                f"{name}: {len(items)} items: {result['added']} added, {result['requeued']} queued again, "
+                f"{result['removed']} removed from the pending pool"
+            )
+        else:
+            new = dispenser.put(items)
+            self.stdout.write(f"{name}: {new} new of {len(items)} items")

@@ -1,0 +1,351 @@
+"""Equal workers draining a dispenser: ``Worker`` and ``FolderWorker`` (task files in a folder).
+
+A worker claims a batch with ``Dispenser.assign``, runs ``do_work`` on each item, and reports
+each outcome at once with the WorkItem (so a fenced ``done``: a former self is refused). A
+background thread renews the batch's claims while it works; a renewal the database refuses,
+or one that keeps failing until the claims' ttl has passed, is logged as an error. SIGTERM
+(or ``stop()``) lets the current item finish, then gives the rest of the batch back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from resource_lease.conf import lease_settings
+from resource_lease.db.connections import close_connections
+from resource_lease.dispenser import Dispenser, WorkItem, check_count, check_key, check_name, check_pattern
+from resource_lease.exceptions import LeaseError
+from resource_lease.lease import default_holder
+from resource_lease.validation import check_seconds
+
+logger = logging.getLogger("resource_lease.worker")
+
+
+@dataclass
+class WorkerStats:
+    """What a ``run()`` did."""
+
+    done: int = 0
+    failed: int = 0
+    refused: int = 0  # outcomes the database refused: the claim was lost (expired, taken)
+    released: int = 0
+    batches: int = 0
+
+
+class Worker:
+    """The seed's WorkerBase: one of several equal workers draining a dispenser.
+
+    Subclasses set ``dispenser`` (its name), and may set ``batch``, ``ttl``, ``pattern``
+    (``re.fullmatch`` of the keys this worker takes), ``max_attempts`` and ``poll``, and
+    implement ``do_work(key, payload)``: True when done; False or an exception when failed.
+    """
+
+    dispenser: str = ""
+    batch: int = 10
+    ttl: float = 300.0
+    pattern: str | None = None
+    max_attempts: int = 3
+    #: Seconds between two looks at an empty dispenser.
+    poll: float = 1.0
+    using: str | None = None
+
+    def __init__(self, name: str | None = None, **options: Any) -> None:
+        for option, value in options.items():
+            if option not in ("dispenser", "batch", "ttl", "pattern", "max_attempts", "poll", "using"):
+                raise ValueError(f"{option} is not a Worker option")
+            setattr(self, option, value)
+        self.name = check_name(default_holder()[:200] if name is None else name, "name")
+        self.batch = check_count(self.batch, "batch")
+        self.ttl = check_seconds(self.ttl, "ttl")
+        self.poll = check_seconds(self.poll, "poll")
+        self.pattern = check_pattern(self.pattern)
+        self.queue = Dispenser(self.dispenser_name(), ttl=self.ttl, max_attempts=self.max_attempts, using=self.using)
+        self.stats = WorkerStats()
+        self._stop = threading.Event()
+        self._current: list[WorkItem] = []
+        self._current_lock = threading.Lock()
+
+    def dispenser_name(self) -> str:
+        return check_name(self.dispenser, "dispenser")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} on {self.queue.name!r}>"
+
+    # -- the work ----------------------------------------------------------------------------
+
+    def do_work(self, key: str, payload: Any) -> bool:
+        """Work on one item: True when done; False (or an exception) when it failed."""
+        raise NotImplementedError(f"{type(self).__name__} must implement do_work(key, payload)")
+
+    def load(self, item: WorkItem) -> Any:
+        """The payload ``do_work`` gets for an item (FolderWorker reads the file)."""
+        return item.payload
+
+    def finished(self, item: WorkItem, ok: bool, counted: bool) -> None:
+        """Called after an item's outcome was reported (``counted``: the database took it)."""
+
+    def before_batch(self) -> None:
+        """Called before each assign (FolderWorker puts the folder's new files)."""
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask ``run()`` to stop: the current item finishes, the rest of the batch is released."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self, until_empty: bool = False, *, max_batches: int | None = None) -> WorkerStats:
+        """Claim and work batches until stopped (SIGTERM, ``stop()``), or, with
+        ``until_empty``, until nothing is pending or assigned in the dispenser."""
+        self._stop.clear()
+        logger.info(
+            "worker %s starts on dispenser %r (batch %d, ttl %gs)", self.name, self.queue.name, self.batch, self.ttl
+        )
+        renewer = threading.Thread(target=self._renew_loop, name=f"dispenser-renewal-{self.name}", daemon=True)
+        renewer.start()
+        try:
+            with self._sigterm():
+                while not self._stop.is_set():
+                    if max_batches is not None and self.stats.batches >= max_batches:
+                        break
+                    self.before_batch()
+                    try:
+                        items = self.queue.assign(self.name, self.batch, pattern=self.pattern)
+                    except LeaseError as exc:
+                        # The database is unwell: try again after a pause (what this assign
+                        # may have claimed comes back to this name first next time).
+                        logger.error("worker %s: assign failed, retrying in %gs: %s", self.name, self.poll, exc)
+                        self._stop.wait(self.poll)
+                        continue
+                    if not items:
+                        if until_empty and self.queue.is_empty():
+                            break
+                        self._stop.wait(self.poll)
+                        continue
+                    self.stats.batches += 1
+                    self._work(items)
+        finally:
+            self._stop.set()
+            renewer.join()
+            with self._current_lock:
+                rest, self._current = self._current, []
+            if rest:  # an exception escaped mid-batch: give the rest back
+                self.stats.released += self.queue.release(self.name, rest)
+            logger.info(
+                "worker %s stops: %d done, %d failed, %d refused, %d released",
+                self.name,
+                self.stats.done,
+                self.stats.failed,
+                self.stats.refused,
+                self.stats.released,
+            )
+            close_connections()
+        return self.stats
+
+    def _work(self, items: list[WorkItem]) -> None:
+        with self._current_lock:
+            self._current = list(items)
+        for i, item in enumerate(items):
+            if self._stop.is_set():
+                rest = items[i:]
+                released = self.queue.release(self.name, rest)
+                self.stats.released += released
+                logger.info("worker %s stopping: gave back %d unstarted item(s)", self.name, released)
+                break
+            self._one(item)
+        with self._current_lock:
+            self._current = []
+
+    def _one(self, item: WorkItem) -> None:
+        logger.info("worker %s starts %r (attempt %d)", self.name, item.key, item.attempts)
+        error = ""
+        try:
+            ok = bool(self.do_work(item.key, self.load(item)))
+            if not ok:
+                error = "do_work returned False"
+        except Exception as exc:
+            ok = False
+            error = f"{type(exc).__name__}: {exc}"
+            logger.exception("worker %s failed %r", self.name, item.key)
+        # No longer renewed: its outcome is being reported (and a renewal racing with the
+        # report must not take the finished item for a lost claim).
+        with self._current_lock:
+            self._current = [i for i in self._current if i != item]
+        try:
+            if ok:
+                counted = self.queue.done(self.name, [item]) == 1
+            else:
+                counted = self.queue.fail(self.name, [item], error[:10_000]) == 1
+        except LeaseError:
+            # Not recorded: the claim runs out and the item is worked again (at least once).
+            logger.exception("worker %s: reporting the outcome of %r failed", self.name, item.key)
+            counted = False
+        if not counted:
+            self.stats.refused += 1
+            logger.error(
+                "worker %s: the outcome of %r was refused: its claim (fence %d) expired or was taken over",
+                self.name,
+                item.key,
+                item.fence,
+            )
+        elif ok:
+            self.stats.done += 1
+            logger.info("worker %s finished %r", self.name, item.key)
+        else:
+            self.stats.failed += 1
+            logger.warning("worker %s: %r failed: %s", self.name, item.key, error)
+        self.finished(item, ok, counted)
+
+    @contextmanager
+    def _sigterm(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            logger.info("worker %s got SIGTERM: finishing the current item", self.name)
+            self._stop.set()
+
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _renew_loop(self) -> None:
+        """Renew the current batch's claims every third of the ttl; loud when they are lost."""
+        interval = self.ttl * float(lease_settings.RENEW_FRACTION)
+        last_ok = time.monotonic()
+        try:
+            while not self._stop.wait(interval if time.monotonic() - last_ok < interval else min(interval, 1.0)):
+                with self._current_lock:
+                    items = list(self._current)
+                if not items:
+                    last_ok = time.monotonic()
+                    continue
+                try:
+                    renewed = self.queue.renew(self.name, items)
+                except LeaseError as exc:
+                    if time.monotonic() - last_ok >= self.ttl:
+                        logger.error("worker %s could not renew its claims within their ttl: %s", self.name, exc)
+                    else:
+                        logger.warning("worker %s: renewing its claims failed, retrying: %s", self.name, exc)
+                    continue
+                last_ok = time.monotonic()
+                if renewed < len(items):
+                    # Items still current now were current during the whole renewal (one is
+                    # dropped only when its outcome is reported), so each must have been renewed.
+                    with self._current_lock:
+                        still = sum(1 for i in items if i in self._current)
+                    if renewed < still:
+                        logger.error(
+                            "worker %s lost %d of its %d claim(s): they expired or were taken over",
+                            self.name,
+                            still - renewed,
+                            still,
+                        )
+        except Exception:  # a bug must be loud, never a quietly dead renewal
+            logger.exception("worker %s: the claim renewal thread failed", self.name)
+            raise
+        finally:
+            close_connections()
+
+
+class FolderWorker(Worker):
+    """The seed's shared-folder worker: each ``<key>.<extension>`` file in ``folder`` is a task.
+
+    New files are put into the dispenser (named after the folder unless ``dispenser`` is
+    set) and claimed through the database, never by rename, so two workers never take one
+    file. After ``do_work(key, text)`` the file becomes ``<key>.finish`` or ``<key>.error``
+    (an existing one is replaced). ``max_attempts`` is 1: a failed file is an error at once.
+    """
+
+    folder: str = ""
+    extension: str = "txt"
+    max_attempts: int = 1
+
+    def __init__(self, name: str | None = None, **options: Any) -> None:
+        folder = options.pop("folder", None)
+        extension = options.pop("extension", None)
+        if folder is not None:
+            self.folder = folder
+        if extension is not None:
+            self.extension = extension
+        if not isinstance(self.folder, (str, os.PathLike)) or not str(self.folder):
+            raise ValueError(f"folder must be a directory path, got {self.folder!r}")
+        if not isinstance(self.extension, str) or not re.fullmatch(r"[A-Za-z0-9_-]+", self.extension):
+            raise ValueError(f"extension must be letters, digits, _ or -, got {self.extension!r}")
+        self.path = Path(self.folder).resolve()
+        if not self.path.is_dir():
+            raise ValueError(f"folder must be an existing directory, got {str(self.folder)!r}")
+        self._known: set[str] = set()
+        self._unusable: set[str] = set()
+        super().__init__(name, **options)
+
+    def dispenser_name(self) -> str:
+        return check_name(self.dispenser or str(self.path)[-200:], "dispenser")
+
+    def task_path(self, key: str, suffix: str | None = None) -> Path:
+        return self.path / f"{key}.{self.extension if suffix is None else suffix}"
+
+    def before_batch(self) -> None:
+        """Put the folder's new task files; tidy files whose item is finished already (a
+        worker died between its outcome and the rename, or the claim expired for good)."""
+        keys = sorted(p.name[: -len(self.extension) - 1] for p in self.path.glob(f"*.{self.extension}") if p.is_file())
+        new = []
+        for key in keys:
+            if key in self._known or key in self._unusable:
+                continue
+            try:
+                new.append(check_key(key))
+            except ValueError as exc:  # e.g. a name longer than a key may be
+                self._unusable.add(key)
+                logger.warning("worker %s: skipping task file %r: %s", self.name, key, exc)
+        if new:
+            self.queue.put(new)
+            self._known.update(new)
+        keys = [k for k in keys if k not in self._unusable]
+        if keys:
+            from resource_lease.models import DispenserItem
+
+            finished = DispenserItem.objects.using(self.queue.using).filter(
+                dispenser=self.queue.name, key__in=keys[:1000], state__in=[DispenserItem.DONE, DispenserItem.FAILED]
+            )
+            for key, state in finished.values_list("key", "state"):
+                self._rename(key, "finish" if state == DispenserItem.DONE else "error")
+
+    def load(self, item: WorkItem) -> Any:
+        return self.task_path(item.key).read_text()
+
+    def _one(self, item: WorkItem) -> None:
+        if not self.task_path(item.key).exists():
+            # Renamed by the worker that finished it, or removed by hand.
+            self.queue.fail(self.name, [item], "the task file is gone")
+            logger.warning("worker %s: the task file of %r is gone", self.name, item.key)
+            return
+        super()._one(item)
+
+    def finished(self, item: WorkItem, ok: bool, counted: bool) -> None:
+        # A refused outcome belongs to the new owner, who renames the file; a failure with
+        # attempts left (max_attempts raised above 1) stays a task file.
+        if counted and (ok or item.attempts >= self.max_attempts):
+            self._rename(item.key, "finish" if ok else "error")
+
+    def _rename(self, key: str, suffix: str) -> None:
+        try:
+            os.replace(self.task_path(key), self.task_path(key, suffix))
+        except FileNotFoundError:
+            pass  # another worker tidied it first

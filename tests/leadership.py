@@ -1,0 +1,74 @@
+"""The leadership checker: a ledger of leader work and of saved hand-over states.
+
+Worker processes (tests/procs/campaigner.py, tests/procs/leader_job.py) record each unit of
+leader work as a ``tests.ledger.Grant`` (resource 0, the leadership's fence, the unit's
+interval on CLOCK_MONOTONIC, shared by every process on the machine), taken after a
+``check()`` and ended before another, so it lies inside the real leadership; and every state
+they saved as ``<ns> SAVED <fence> <units>`` in their event file. At most one leader at any
+instant shows as: no two units overlap, fences never go down along time, one fence belongs
+to one worker, and the saved ``units`` run 1, 2, 3, ... (a leader that missed its
+predecessor's last state, or two leaders saving at once, repeat or skip a number).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.ledger import Grant
+
+
+@dataclass
+class Verdict:
+    units: int = 0
+    leaderships: int = 0
+    overlaps: list[tuple[Grant, Grant]] = field(default_factory=list)
+    fence_disorder: list[tuple[Grant, Grant]] = field(default_factory=list)
+    saved: list[tuple[int, int, int, str]] = field(default_factory=list)  # (ns, fence, units, worker)
+    bad_sequence: list[tuple[int, int]] = field(default_factory=list)  # (expected, saved)
+
+    @property
+    def violations(self) -> int:
+        return len(self.overlaps) + len(self.fence_disorder) + len(self.bad_sequence)
+
+    def summary(self) -> str:
+        return (
+            f"units={self.units} leaderships={self.leaderships} saves={len(self.saved)} "
+            f"overlaps={len(self.overlaps)} fence_disorder={len(self.fence_disorder)} "
+            f"bad_sequence={len(self.bad_sequence)}"
+        )
+
+
+def events(directory: Path) -> dict[str, list[list[str]]]:
+    """Each worker's events (``events-<worker>`` files), split into fields."""
+    return {
+        path.name.removeprefix("events-"): [line.split() for line in path.read_text().splitlines()]
+        for path in directory.glob("events-*")
+    }
+
+
+def check(directory: Path, killed: frozenset[str] = frozenset()) -> Verdict:
+    """``killed``: workers SIGKILLed, whose last save may have committed without being logged
+    (their successor then goes on from one more than their last logged save)."""
+    grants: list[Grant] = []
+    for path in directory.glob("ledger-*"):
+        for line in path.read_text().splitlines():
+            rid, fence, start, end, worker = line.split()
+            grants.append(Grant(int(rid), int(fence), int(start), int(end), worker))
+    grants.sort(key=lambda g: g.start)
+    verdict = Verdict(units=len(grants), leaderships=len({(g.fence, g.worker) for g in grants}))
+    for before, after in zip(grants, grants[1:], strict=False):
+        if after.start < before.end:
+            verdict.overlaps.append((before, after))
+        if after.fence < before.fence or (after.fence == before.fence and after.worker != before.worker):
+            verdict.fence_disorder.append((before, after))
+    for worker, lines in events(directory).items():
+        verdict.saved += [(int(f[0]), int(f[2]), int(f[3]), worker) for f in lines if f[1] == "SAVED"]
+    verdict.saved.sort()
+    last, by = 0, ""
+    for _, _, units, worker in verdict.saved:
+        unlogged = worker != by and by in killed
+        if units != last + 1 and not (unlogged and units == last + 2):
+            verdict.bad_sequence.append((last + 1, units))
+        last, by = units, worker
+    return verdict

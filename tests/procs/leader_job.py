@@ -1,0 +1,104 @@
+"""A server running a ``leader_only`` job on a schedule, for tests/test_leader_only.py.
+
+    python -m tests.procs.leader_job --name N --dir D --ttl T --seconds S [--period P]
+                                     [--spread X] [--release-at-return]
+
+Every ``period`` seconds of the wall clock (shared by all processes on the machine) is a
+tick; this server's schedule fires for tick k at k * period plus a random offset below
+``spread`` (servers whose clocks or schedulers differ a little). The job's body runs a short
+critical section and returns ``{"units": units + 1, "last_tick": k}``; a run that returns is
+recorded in the leadership ledger (tests/leadership.py).
+Events (``events-<pid>``): ``BODY k`` (the body started), ``RAN k``, ``SAVED <fence> <units>``,
+``OTHERWISE k <leader> <units>``, ``LOST k`` (the run raised LeaseLost).
+
+``--release-at-return`` is the negative control: a job that holds its leadership only while
+the body runs (a lock around the body), so a server whose schedule fires later in the same
+tick runs it again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.procs import setup
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--dir", type=Path, required=True)
+    parser.add_argument("--ttl", type=float, default=2.0)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--period", type=float, default=1.0)
+    parser.add_argument("--spread", type=float, default=0.5)
+    parser.add_argument("--hold", type=float, default=0.05)
+    parser.add_argument("--release-at-return", action="store_true")
+    args = parser.parse_args()
+    setup()
+
+    from resource_lease import LeaseLost, leader_only
+    from resource_lease.election import LeaderJob
+    from tests.ledger import Grant, critical_section, record
+
+    worker = str(os.getpid())
+    events = open(args.dir / f"events-{worker}", "a", buffering=1)  # noqa: SIM115
+
+    def log(*fields: object) -> None:
+        events.write(" ".join(str(f) for f in (time.monotonic_ns(), *fields)) + "\n")
+
+    if args.release_at_return:
+        run = LeaderJob._run
+
+        def run_then_release(self: LeaderJob, lease: Any, a: Any, kw: Any) -> Any:
+            try:
+                return run(self, lease, a, kw)
+            finally:
+                self.election.resign()
+
+        LeaderJob._run = run_then_release  # type: ignore[method-assign]
+
+    unit: dict[str, int] = {}
+
+    @leader_only(args.name, ttl=args.ttl, otherwise=lambda record: ("otherwise", record))
+    def job(tick: int, units: int = 0, **state: Any) -> dict[str, Any]:
+        lease = job.election.lease
+        assert lease is not None
+        log("BODY", tick)
+        unit.update(fence=lease.fence, start=time.monotonic_ns())
+        critical_section(args.dir, 0, args.hold)  # no check() here: leader_only must refuse the run
+        unit["end"] = time.monotonic_ns()
+        return {"units": units + 1, "last_tick": tick}
+
+    log("READY")
+    deadline = time.monotonic() + args.seconds
+    while time.monotonic() < deadline:
+        tick = int(time.time() // args.period) + 1
+        time.sleep(max(0.0, tick * args.period + random.uniform(0, args.spread) - time.time()))
+        faulthandler.dump_traceback_later(args.ttl * 3)  # a call stuck that long says where
+        try:
+            result = job(tick)
+        except LeaseLost:
+            log("LOST", tick)
+            continue
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+        if isinstance(result, tuple):
+            rec = result[1]
+            log("OTHERWISE", tick, rec["leader"], rec["state"].get("units", 0), rec["expires_at"] is not None)
+        else:
+            # The run returned, so leader_only renewed its leadership at the return: it held
+            # it all along, and the ledger may record the run.
+            record(args.dir, worker, Grant(0, unit["fence"], unit["start"], unit["end"], worker))
+            log("RAN", tick)
+            log("SAVED", unit["fence"], result["units"])
+    log("STOPPED")
+
+
+if __name__ == "__main__":
+    main()
