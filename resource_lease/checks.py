@@ -118,3 +118,186 @@ def check_vendor_static(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
                     )
                 )
     return errors
+
+
+# -- MariaDB Galera Cluster (docs/galera.md) ----------------------------------------------
+
+
+@register(Tags.database)
+def check_galera(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Run with ``manage.py check --database ALIAS``: Galera settings that break leases.
+
+    Looks at the alias's node and every node its ``CLUSTER_HOSTS`` lists: in the primary
+    component, causal reads on the alias's own connections, row-based replication, no dirty
+    reads, quorum not ignored, node clocks in step. Silent for a server without wsrep.
+    """
+    from resource_lease.db import galera
+
+    errors: list[CheckMessage] = []
+    for alias in databases or ():
+        connection = connections[alias]
+        if connection.vendor != "mysql":
+            continue
+        try:
+            hosts = galera.cluster_hosts(connection.settings_dict)
+        except ValueError as exc:
+            errors.append(Error(f"Database {alias!r}: {exc}", id="resource_lease.E030"))
+            continue
+        with connection.cursor() as cursor:
+            report = galera.node_report(cursor)
+        if report is None:
+            if len(hosts) > 1:
+                errors.append(
+                    Error(
+                        f"Database {alias!r} lists {len(hosts)} {galera.HOSTS_KEY} but its server is not a Galera "
+                        "node (wsrep_on is OFF): failing over between servers that are not one synchronous "
+                        "cluster (asynchronous replicas) can grant a resource twice.",
+                        hint=f"List only the nodes of one Galera cluster in {galera.HOSTS_KEY}, or one host.",
+                        id="resource_lease.E030",
+                    )
+                )
+            continue
+        where = f"{connection.settings_dict.get('HOST') or 'localhost'}:{connection.settings_dict.get('PORT') or 3306}"
+        errors += _galera_node_messages(alias, where, report, own_session=True)
+        clocks = {where: report["utc_now"]}
+        for host, port in hosts:
+            name = f"{host}:{port}"
+            if name == where:
+                continue
+            node_report = _galera_report_of(connection, host, port)
+            if isinstance(node_report, str):
+                errors.append(
+                    CheckWarning(
+                        f"Database {alias!r}: cluster node {name} does not answer: {node_report}",
+                        hint="The engine fails over to the other nodes; bring this one back to keep the "
+                        "cluster able to lose a node.",
+                        id="resource_lease.W037",
+                    )
+                )
+                continue
+            errors += _galera_node_messages(alias, name, node_report, own_session=False)
+            clocks[name] = node_report["utc_now"]
+        errors += _galera_clock_messages(alias, clocks)
+    return errors
+
+
+def _galera_report_of(connection: Any, host: str, port: int) -> dict[str, str] | str:
+    """A node's report through a throwaway connection, or why it could not be had."""
+    import MySQLdb
+    from django.db import DatabaseError
+
+    from resource_lease.db import galera
+
+    # A bare driver connection: no init_command nor Django's session set-up, which a node
+    # outside the primary component would refuse (error 1047) before it could be asked why.
+    settings_dict = {**connection.settings_dict, "HOST": host, "PORT": str(port)}
+    params = type(connection)(settings_dict, connection.alias).get_connection_params()
+    params.pop("init_command", None)
+    try:
+        raw = MySQLdb.connect(**params)
+    except (DatabaseError, MySQLdb.Error) as exc:  # the check reports a dead node, it does not crash on it
+        return str(exc)
+    try:
+        cursor = raw.cursor()
+        return galera.node_report(cursor) or {}
+    except (DatabaseError, MySQLdb.Error) as exc:
+        return str(exc)
+    finally:
+        raw.close()
+
+
+def _galera_node_messages(alias: str, node: str, report: dict[str, str], *, own_session: bool) -> list[CheckMessage]:
+    from resource_lease.db import galera
+
+    messages: list[CheckMessage] = []
+    if not report:
+        return [CheckWarning(f"Database {alias!r}: node {node} is not a Galera node.", id="resource_lease.W030")]
+    status, ready = report.get("wsrep_cluster_status", ""), report.get("wsrep_ready", "")
+    if status != "Primary" or ready != "ON":
+        messages.append(
+            CheckWarning(
+                f"Database {alias!r}: Galera node {node} is not serving (wsrep_cluster_status={status}, "
+                f"wsrep_ready={ready}): it is outside the primary component or still joining.",
+                hint="Its clients' leases fail until it rejoins, unless CLUSTER_HOSTS lists other nodes.",
+                id="resource_lease.W030",
+            )
+        )
+    if own_session and not int(report.get("session_sync_wait") or 0) & 1:
+        messages.append(
+            CheckWarning(
+                f"Database {alias!r}: wsrep_sync_wait is {report.get('session_sync_wait')} on this alias's "
+                "connections, so their reads (fenced(), the admin, pool operations) may miss a grant or "
+                "release another node committed a moment ago. The lease engine's own connections set it.",
+                hint=f"Add \"SET SESSION wsrep_sync_wait = {galera.SYNC_WAIT}\" to OPTIONS['init_command'] "
+                "(a DATABASE_URL listing several hosts does it), or set it globally on the nodes.",
+                id="resource_lease.W031",
+            )
+        )
+    if report.get("binlog_format", "").upper() != "ROW":
+        messages.append(
+            CheckWarning(
+                f"Database {alias!r}: Galera node {node} has binlog_format={report.get('binlog_format')}; "
+                "Galera replicates reliably only with row-based events.",
+                hint="Set binlog_format = ROW on every node.",
+                id="resource_lease.W032",
+            )
+        )
+    if report.get("wsrep_dirty_reads", "0").upper() in ("1", "ON"):
+        messages.append(
+            CheckWarning(
+                f"Database {alias!r}: Galera node {node} has wsrep_dirty_reads on: it answers reads while "
+                "outside the primary component, from data that may be stale.",
+                hint="Set wsrep_dirty_reads = OFF.",
+                id="resource_lease.W033",
+            )
+        )
+    options = report.get("wsrep_provider_options", "")
+    ignored = [
+        name for name in ("pc.ignore_quorum", "pc.ignore_sb") if galera.provider_option(options, name) in ("true", "1")
+    ]
+    if ignored:
+        messages.append(
+            CheckWarning(
+                f"Database {alias!r}: Galera node {node} has {', '.join(ignored)} on: after a network split "
+                "both sides keep accepting writes, and each can grant the same resource.",
+                hint="Leave pc.ignore_quorum and pc.ignore_sb off (the default).",
+                id="resource_lease.W034",
+            )
+        )
+    size = int(report.get("wsrep_cluster_size") or 0)
+    if own_session and 0 < size < 3:
+        messages.append(
+            CheckWarning(
+                f"Database {alias!r}: the Galera cluster has {size} node(s); losing one leaves no majority, "
+                "and the survivors stop serving.",
+                hint="Run at least 3 nodes (or 2 and a garbd arbitrator).",
+                id="resource_lease.W035",
+            )
+        )
+    return messages
+
+
+def _galera_clock_messages(alias: str, clocks: dict[str, str]) -> list[CheckMessage]:
+    """Expiry is judged by the clock of whichever node runs the statement: nodes must agree."""
+    from django.utils.dateparse import parse_datetime
+
+    if len(clocks) < 2:
+        return []
+    times = {node: parse_datetime(value) for node, value in clocks.items()}
+    known = {node: t for node, t in times.items() if t is not None}
+    if len(known) < 2:
+        return []
+    spread = (max(known.values()) - min(known.values())).total_seconds()
+    allowed = float(lease_settings.SAFETY_MARGIN_MAX) / 4
+    if spread <= allowed:
+        return []
+    return [
+        CheckWarning(
+            f"Database {alias!r}: the clocks of the Galera nodes differ by about {spread:.2f}s "
+            f"({', '.join(f'{n}={v}' for n, v in clocks.items())}). Lease expiry is judged by the clock of "
+            "whichever node runs the statement, so a grant on a fast node can end a lease early.",
+            hint=f"Keep the nodes in NTP sync, well within the safety margin ({allowed:g}s here: a quarter "
+            "of RESOURCE_LEASE['SAFETY_MARGIN_MAX']).",
+            id="resource_lease.W036",
+        )
+    ]

@@ -104,6 +104,15 @@ class Dialect:
     def setup_session(self, raw_connection: Any, lock_wait_timeout: float) -> None:
         """Per-connection settings for the engine's own connections."""
 
+    def connect(self, lock_wait_timeout: float) -> None:
+        """Open this dialect's connection and set its session up (MySQL: on one of several
+        cluster nodes)."""
+        self.connection.ensure_connection()
+        self.setup_session(self.connection.connection, lock_wait_timeout)
+
+    def disconnected(self) -> None:
+        """The connection was lost: the next ``connect`` may choose another server."""
+
     @staticmethod
     def connect_options(options: dict[str, Any], io_timeout: float) -> None:
         """Driver options (timeouts) for the engine's own connections; the user's win."""

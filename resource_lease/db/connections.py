@@ -77,14 +77,14 @@ class LeaseConnection:
     def cursor(self) -> Any:
         wrapper = self.wrapper
         if wrapper.connection is None or self._session_of is not wrapper.connection:
-            wrapper.ensure_connection()
-            self.dialect.setup_session(wrapper.connection, float(lease_settings.LOCK_WAIT_TIMEOUT))
+            self.dialect.connect(float(lease_settings.LOCK_WAIT_TIMEOUT))
             self._session_of = wrapper.connection
         return wrapper.connection.cursor()
 
     def discard(self) -> None:
         """Forget a connection that failed; the next statement opens a new one."""
         raw, self.wrapper.connection, self._session_of = self.wrapper.connection, None, None
+        self.dialect.disconnected()
         if raw is not None:
             try:
                 raw.close()

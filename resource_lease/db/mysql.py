@@ -7,6 +7,10 @@ travels in the same round trip as the UPDATE: the engine's own connections are o
 CLIENT.MULTI_STATEMENTS, and the two statements are sent as one query (each still its own
 autocommit transaction, the UPDATE's result read first). rowcount counts matched rows
 (CLIENT.FOUND_ROWS, PITFALLS 1): every condition that decides ownership is in the WHERE.
+
+On a MariaDB Galera node (``wsrep_on``) the sessions also wait for causality, errors of nodes
+that cannot serve are classified, and an alias that lists several nodes fails over between
+them: see ``resource_lease.db.galera``.
 """
 
 from __future__ import annotations
@@ -14,13 +18,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from resource_lease.db import NOW_SQL
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from resource_lease.db import NOW_SQL, galera
 from resource_lease.db.base import Dialect, Failure, Row
 
 ACQUIRE_INDEX = "resource_lease_acquire_idx"  # models.Resource.Meta.indexes
 
 # Server errors after which the statement was rolled back and can run again.
-_TRANSIENT = {1213, 1614}  # deadlock, transaction branch rolled back
+# Galera reports a write set that failed certification (another node's write to the same row
+# won) as a deadlock, 1213, after its own retry of an autocommit statement.
+_TRANSIENT = {1213, 1614}  # deadlock (or certification conflict), transaction branch rolled back
 _LOCK_TIMEOUT = {1205, 1969, 3024}  # innodb_lock_wait_timeout, MariaDB max_statement_time, MySQL max_execution_time
 # Client and server errors meaning the connection is gone.
 _DISCONNECT = {2002, 2003, 2006, 2013, 2026, 2055, 4031, 1053, 1927}
@@ -31,6 +39,24 @@ class MySQLDialect(Dialect):
     # UTC whatever the session time zone (PITFALLS 3), with microseconds (PITFALLS 4).
     now_sql = NOW_SQL["mysql"]
     on_conflict_keep = "ON DUPLICATE KEY UPDATE id = id"
+
+    def __init__(self, connection: BaseDatabaseWrapper) -> None:
+        super().__init__(connection)
+        # Several nodes of one Galera cluster: this connection moves between them.
+        hosts = galera.cluster_hosts(connection.settings_dict)
+        self.rotation = galera.HostRotation(hosts) if len(hosts) > 1 else None
+        #: Whether the server this connection last set up is a Galera node (wsrep_on).
+        self.galera = False
+
+    def connect(self, lock_wait_timeout: float) -> None:
+        if self.rotation is None:
+            super().connect(lock_wait_timeout)
+            return
+        galera.connect(self.connection, self.rotation, lambda raw: self.setup_session(raw, lock_wait_timeout))
+
+    def disconnected(self) -> None:
+        if self.rotation is not None:
+            self.rotation.skip()
 
     def expiry_sql(self) -> str:
         return f"{self.now_sql} + INTERVAL %s MICROSECOND"
@@ -51,6 +77,9 @@ class MySQLDialect(Dialect):
             cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         finally:
             cursor.close()
+        # Galera: causal reads and UPDATEs (wsrep_sync_wait), only when wsrep is on; with
+        # several nodes to choose from, a node that cannot serve is refused here.
+        self.galera = galera.setup_session(raw_connection, require_ready=self.rotation is not None)
 
     def update_returning(
         self, cursor: Any, update: str, params: Sequence[Any], *, returning: str, read_back: tuple[str, Sequence[Any]]
@@ -125,7 +154,14 @@ class MySQLDialect(Dialect):
         options.setdefault("write_timeout", max(1, round(io_timeout)))
 
     def classify(self, exc: BaseException) -> Failure:
+        if isinstance(exc, galera.NodeNotUsable):
+            return Failure.DISCONNECT  # no node of the alias could serve; nothing ran
         code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+        if code == galera.ER_WSREP_NOT_READY:
+            # Galera: the node is not ready (joining) or left the primary component. The
+            # statement did not run; retried like a deadlock, or handled as a disconnect.
+            verdict = galera.classify_not_ready(self.connection.connection, several_hosts=self.rotation is not None)
+            return Failure.TRANSIENT if verdict == "transient" else Failure.DISCONNECT
         if code in _TRANSIENT:
             return Failure.TRANSIENT
         if code in _LOCK_TIMEOUT:

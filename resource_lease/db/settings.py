@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import dj_database_url
+
+from resource_lease.db.galera import HOSTS_KEY, SYNC_WAIT, parse_host
+
+# scheme://[userinfo@]hosts/rest, where hosts may be a comma-separated list (Galera nodes).
+_URL = re.compile(r"^(?P<scheme>[a-z0-9+.-]+://)(?P<userinfo>[^@/]*@)?(?P<hosts>[^/?#]*)(?P<rest>.*)$", re.I)
 
 
 def database_from_url(url: str, *, test_dir: Path | None = None) -> dict[str, Any]:
@@ -17,12 +23,28 @@ def database_from_url(url: str, *, test_dir: Path | None = None) -> dict[str, An
       at once (PITFALLS 10); tests use a file (``test_dir``), never memory, so worker
       processes see the same database.
     - PostgreSQL: as dj-database-url gives it.
+    - MariaDB Galera: ``mysql://user:pw@node1:3306,node2:3306,node3:3306/name`` lists the
+      cluster's nodes. HOST/PORT are the first node (the alias's own connections use it) and
+      ``CLUSTER_HOSTS`` all of them, in order (the lease engine fails over between them); the
+      connections also wait for causality (``wsrep_sync_wait``), see docs/galera.md.
     """
+    hosts: list[str] = []
+    match = _URL.match(url)
+    if match and "," in match["hosts"]:
+        parsed = [parse_host(part) for part in match["hosts"].split(",") if part.strip()]
+        hosts = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in parsed]
+        if not match["scheme"].lower().startswith("mysql"):
+            raise ValueError(f"several hosts in DATABASE_URL are supported for mysql:// (Galera) only: {url!r}")
+        url = f"{match['scheme']}{match['userinfo'] or ''}{match['hosts'].split(',')[0]}{match['rest']}"
     config: dict[str, Any] = dict(dj_database_url.parse(url, conn_max_age=0))
     options: dict[str, Any] = dict(config.get("OPTIONS") or {})
     engine = config["ENGINE"]
     if engine.endswith("mysql"):
         options.setdefault("charset", "utf8mb4")
+        if hosts:
+            config[HOSTS_KEY] = hosts
+            # Reads on any node see what another node committed (docs/galera.md).
+            options.setdefault("init_command", f"SET time_zone = '+00:00', SESSION wsrep_sync_wait = {SYNC_WAIT}")
         options.setdefault("init_command", "SET time_zone = '+00:00'")
         options.setdefault("isolation_level", "read committed")
         config["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
