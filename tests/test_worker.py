@@ -76,8 +76,22 @@ def drain(spawn_worker, tmp_path: Path, name: str, *flags: str) -> tuple[Dispens
     d = Dispenser(name)
     keys = [f"item-{i:04d}" for i in range(DRAIN_ITEMS)]
     d.put({k: {"n": i} for i, k in enumerate(keys)})
+    # Each item takes 50 ms, so one worker alone would need seconds: the others, however slowly
+    # a loaded machine starts them, join in before the pool is empty.
     procs = [
-        start(spawn_worker, tmp_path, f"w{i}", "--dispenser", name, "--batch", "5", "--until-empty", *flags)
+        start(
+            spawn_worker,
+            tmp_path,
+            f"w{i}",
+            "--dispenser",
+            name,
+            "--batch",
+            "5",
+            "--hold",
+            "0.05",
+            "--until-empty",
+            *flags,
+        )
         for i in range(4)
     ]
     for proc in procs:
