@@ -177,7 +177,7 @@ class DoubleBarrier:
         if found is not None:
             return found
         assert self._lease is not None
-        if self._lease.lost.is_set() or not self._lease.remaining():
+        if self._lease.lost or not self._lease.remaining():
             # Our wait outlived our grant (a pause): take the row again, as a new arrival.
             retaken = self._take()
             if retaken is not None:

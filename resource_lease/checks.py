@@ -9,12 +9,27 @@ from django.core.checks import CheckMessage, Error, Tags, register
 from django.core.checks import Warning as CheckWarning
 from django.db import connections
 
-from resource_lease.conf import LeaseSettings, lease_settings
+from resource_lease.conf import LeaseSettings, combination_problems, value_problem
 from resource_lease.db import SUPPORTED_VENDORS
 
 #: MySQLdb.constants.CLIENT.FOUND_ROWS (the MySQL protocol's CLIENT_FOUND_ROWS), without
 #: importing the driver on other vendors.
 _MYSQL_CLIENT_FOUND_ROWS = 2
+
+
+def _lease_alias() -> Any:
+    """RESOURCE_LEASE["DATABASE"] as given (not through lease_settings, whose read would raise
+    on a bad value: E010 reports that)."""
+    user = getattr(settings, "RESOURCE_LEASE", None)
+    return (user if isinstance(user, dict) else {}).get("DATABASE", LeaseSettings.DATABASE)
+
+
+def _setting(key: str) -> Any:
+    """A RESOURCE_LEASE value for a check: the user's if usable, else the default (a bad one
+    is E010's to report, not a reason for another check to crash)."""
+    user = getattr(settings, "RESOURCE_LEASE", None)
+    value = (user if isinstance(user, dict) else {}).get(key, getattr(LeaseSettings, key))
+    return getattr(LeaseSettings, key) if value_problem(key, value) else value
 
 
 @register()
@@ -41,8 +56,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="resource_lease.E004",
             )
         )
-    alias = lease_settings.DATABASE
-    if alias not in settings.DATABASES:
+    alias = _lease_alias()
+    if isinstance(alias, str) and alias not in settings.DATABASES:
         errors.append(
             Error(f"RESOURCE_LEASE['DATABASE'] is {alias!r}, which is not in DATABASES.", id="resource_lease.E003")
         )
@@ -86,7 +101,7 @@ def check_vendor_static(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     errors: list[CheckMessage] = []
     for alias, conf in settings.DATABASES.items():
         engine = conf.get("ENGINE", "")
-        if alias == lease_settings.DATABASE and not any(v in engine for v in ("mysql", "postgresql", "sqlite3")):
+        if alias == _lease_alias() and not any(v in engine for v in ("mysql", "postgresql", "sqlite3")):
             errors.append(
                 Error(
                     f"Database {alias!r} uses {engine!r}; resource_lease supports MySQL/MariaDB, "
@@ -106,7 +121,7 @@ def check_vendor_static(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
                     id="resource_lease.W003",
                 )
             )
-        if "sqlite3" in engine and alias == lease_settings.DATABASE:
+        if "sqlite3" in engine and alias == _lease_alias():
             name = str(conf.get("NAME", ""))
             if name in ("", ":memory:"):
                 errors.append(
@@ -118,6 +133,98 @@ def check_vendor_static(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
                     )
                 )
     return errors
+
+
+# -- RESOURCE_LEASE values (E010, E011) --------------------------------------------------------
+
+
+@register()
+def check_setting_values(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Every ``RESOURCE_LEASE`` value checked at start-up, each error naming its key."""
+    user = getattr(settings, "RESOURCE_LEASE", None)
+    if not isinstance(user, dict):
+        return []  # E004's
+    errors: list[CheckMessage] = []
+    for key, value in user.items():
+        problem = value_problem(key, value)
+        if problem is not None:
+            default = getattr(LeaseSettings, key)
+            errors.append(
+                Error(
+                    f"RESOURCE_LEASE[{key!r}] {problem}.",
+                    hint=f"The default is {default!r}; see the settings table in the README.",
+                    id="resource_lease.E010",
+                )
+            )
+    errors.extend(Error(f"{message}.", id="resource_lease.E011") for message in combination_problems(user))
+    return errors
+
+
+# -- exact names and kinds (W010) -----------------------------------------------------------
+
+
+@register(Tags.database)
+def check_exact_collation(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Run with ``manage.py check --database ALIAS`` (and by ``migrate``): the kind and name
+    columns compare exactly (case, trailing spaces), as the migration ``ExactCollation`` set."""
+    from django.apps import apps
+    from django.db import router
+    from django.db.utils import DatabaseError
+
+    from resource_lease.db.collation import inexact_columns
+
+    errors: list[CheckMessage] = []
+    for alias in databases or ():
+        connection = connections[alias]
+        for model in apps.get_app_config("resource_lease").get_models():
+            fields = getattr(model, "exact_text_fields", ())
+            if not fields or model._meta.proxy or not router.allow_migrate_model(alias, model):
+                continue
+            table = model._meta.db_table
+            columns = [str(getattr(model._meta.get_field(name), "column", name)) for name in fields]
+            try:
+                loose = inexact_columns(connection, table, columns)
+            except DatabaseError:
+                continue  # no connection or no table yet: migrate first
+            if loose:
+                listed = ", ".join(f"{column} ({collation})" for column, collation in loose.items())
+                errors.append(
+                    CheckWarning(
+                        f"Database {alias!r}: {table} compares {listed} ignoring case or trailing spaces: "
+                        "'PROXY' and 'proxy ' match 'proxy' (acquire('PROXY') leases kind 'proxy'), and names that "
+                        "differ only in case collide.",
+                        hint="Run `manage.py migrate resource_lease` (its ExactCollation operation sets a binary, "
+                        "no-pad collation), or restore it after a hand-made ALTER TABLE.",
+                        id="resource_lease.W010",
+                    )
+                )
+    return errors
+
+
+# -- SQLite shared by several processes (W011) --------------------------------------------------
+
+
+@register()
+def check_sqlite_concurrency(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """The lease database on an SQLite file needs WAL, a busy timeout and IMMEDIATE
+    transactions once more than one process uses it (workers, the admin, a Celery worker)."""
+    from resource_lease.db.sqlite_options import FIX, multiprocess_problems
+
+    alias = _lease_alias()
+    conf = settings.DATABASES.get(alias) if isinstance(alias, str) else None
+    if not conf:
+        return []  # E003's
+    problems = multiprocess_problems(conf)
+    if not problems:
+        return []
+    return [
+        CheckWarning(
+            f"Database {alias!r} is SQLite with {'; '.join(problems)}: leasing from more than one process "
+            "will fail with 'database is locked' or stall.",
+            hint=f"If more than one process uses it, set {FIX}.",
+            id="resource_lease.W011",
+        )
+    ]
 
 
 # -- MariaDB Galera Cluster (docs/galera.md) ----------------------------------------------
@@ -288,7 +395,7 @@ def _galera_clock_messages(alias: str, clocks: dict[str, str]) -> list[CheckMess
     if len(known) < 2:
         return []
     spread = (max(known.values()) - min(known.values())).total_seconds()
-    allowed = float(lease_settings.SAFETY_MARGIN_MAX) / 4
+    allowed = float(_setting("SAFETY_MARGIN_MAX")) / 4
     if spread <= allowed:
         return []
     return [

@@ -2,16 +2,24 @@
 
 Values are read from Django's settings on first use and cached until ``RESOURCE_LEASE``
 changes (``override_settings`` sends ``setting_changed``), so tests can override them and
-the acquire path pays a dictionary lookup per read. Unknown keys are reported by the system check ``resource_lease.E004``.
+the acquire path pays a dictionary lookup per read. Unknown keys are reported by the system
+check ``resource_lease.E004``; every value is checked once, by the system checks
+``resource_lease.E010`` (a bad value, named) and ``E011`` (values that do not fit together),
+and again when first read (``LeaseConfigError`` naming the setting), so a process that runs
+no checks (a Celery worker) fails as clearly.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+
+from resource_lease.exceptions import LeaseConfigError
 
 
 class LeaseSettings:
@@ -54,7 +62,13 @@ class LeaseSettings:
         cache = object.__getattribute__(self, "__dict__")
         if name not in cache:
             user = getattr(settings, "RESOURCE_LEASE", None) or {}
-            cache[name] = user[name] if name in user else getattr(type(self), name)
+            if name in user:
+                problem = value_problem(name, user[name])
+                if problem is not None:
+                    raise LeaseConfigError(f"RESOURCE_LEASE[{name!r}] {problem}")
+                cache[name] = user[name]
+            else:
+                cache[name] = getattr(type(self), name)
         return cache[name]
 
     def reload(self) -> None:
@@ -67,6 +81,123 @@ class LeaseSettings:
 
 
 lease_settings = LeaseSettings()
+
+
+# -- validation: one rule per key, shared by the system checks and the lazy read --------------
+
+#: The most seconds any duration setting may be (about 31 years, as ``validation.MAX_SECONDS``).
+_MAX_SECONDS = 1e9
+
+
+def _number(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"must be a number, got {value!r} ({type(value).__name__})"
+    if not math.isfinite(value):
+        return f"must be finite, got {value!r}"
+    return None
+
+
+def _seconds(*, allow_zero: bool = False) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        if (problem := _number(value)) is not None:
+            return problem.replace("a number", "a number of seconds")
+        if value < 0 or (value == 0 and not allow_zero):
+            return f"must be {'>= 0' if allow_zero else '> 0'} seconds, got {value!r}"
+        if value > _MAX_SECONDS:
+            return f"must be at most {_MAX_SECONDS:g} seconds, got {value!r}"
+        return None
+
+    return check
+
+
+def _fraction(*, low_open: bool, high: float) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        if (problem := _number(value)) is not None:
+            return problem
+        if value < 0 or (low_open and value == 0) or value >= high:
+            return f"must be {'>' if low_open else '>='} 0 and < {high:g}, got {value!r}"
+        return None
+
+    return check
+
+
+def _count(*, minimum: int) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"must be a whole number, got {value!r} ({type(value).__name__})"
+        if value < minimum:
+            return f"must be >= {minimum}, got {value!r}"
+        return None
+
+    return check
+
+
+def _bool(value: Any) -> str | None:
+    return None if isinstance(value, bool) else f"must be True or False, got {value!r} ({type(value).__name__})"
+
+
+def _alias(value: Any) -> str | None:
+    if not isinstance(value, str) or not value:
+        return f"must be a database alias (a non-empty string), got {value!r}"
+    return None  # that it is in DATABASES is check E003's
+
+
+def _days(value: Any) -> str | None:
+    if (problem := _number(value)) is not None:
+        return problem.replace("a number", "a number of days")
+    if value <= 0:
+        return f"must be > 0 days, got {value!r}"
+    if value * 86400 > _MAX_SECONDS:
+        return f"must be at most {_MAX_SECONDS / 86400:.0f} days, got {value!r}"
+    return None
+
+
+#: What each key accepts; a key missing here would go unchecked (a test keeps them in step).
+RULES: dict[str, Callable[[Any], str | None]] = {
+    "TTL": _seconds(),
+    "DATABASE": _alias,
+    "RENEW_FRACTION": _fraction(low_open=True, high=1),
+    "SAFETY_MARGIN": _fraction(low_open=False, high=1),
+    "SAFETY_MARGIN_MAX": _seconds(allow_zero=True),
+    "BACKOFF_BASE": _seconds(),
+    "BACKOFF_MAX": _seconds(),
+    "TRANSIENT_RETRIES": _count(minimum=0),
+    "LOCK_WAIT_TIMEOUT": _seconds(),
+    "QUARANTINE_SECONDS": _seconds(),
+    "AUDIT": _bool,
+    "AUDIT_FLUSH_INTERVAL": _seconds(),
+    "AUDIT_MAX_BUFFERED": _count(minimum=1),
+    "AUDIT_RETENTION_DAYS": _days,
+}
+
+
+def value_problem(key: str, value: Any) -> str | None:
+    """What is wrong with ``value`` for ``RESOURCE_LEASE[key]`` (a phrase starting with
+    "must"), or None if it is fine or the key is unknown."""
+    rule = RULES.get(key)
+    return None if rule is None else rule(value)
+
+
+def combination_problems(user: Mapping[str, Any]) -> list[str]:
+    """Values each fine on their own that do not fit together (with the defaults filling in
+    keys not given); each message names the settings."""
+    values = {key: user.get(key, getattr(LeaseSettings, key)) for key in RULES}
+    if any(value_problem(key, value) for key, value in values.items()):
+        return []  # reported one by one first
+    problems = []
+    renew, margin = values["RENEW_FRACTION"], values["SAFETY_MARGIN"]
+    if renew >= 1 - margin:
+        problems.append(
+            f"RESOURCE_LEASE['RENEW_FRACTION'] ({renew:g}) must be below 1 - RESOURCE_LEASE['SAFETY_MARGIN']"
+            f" ({1 - margin:g}): auto-renewal would come after the lease stops being trusted, so every lease"
+            " would be lost"
+        )
+    if values["BACKOFF_MAX"] < values["BACKOFF_BASE"]:
+        problems.append(
+            f"RESOURCE_LEASE['BACKOFF_MAX'] ({values['BACKOFF_MAX']:g}) must be >= RESOURCE_LEASE['BACKOFF_BASE']"
+            f" ({values['BACKOFF_BASE']:g})"
+        )
+    return problems
 
 
 @receiver(setting_changed)

@@ -102,7 +102,7 @@ class Election:
         fenced writes elsewhere."""
         with self._lock:
             lease = self._lease
-        if lease is None or lease.released or lease.lost.is_set():
+        if lease is None or lease.released or lease.lost:
             return None
         return lease
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
+
 
 class LeaseError(Exception):
     """Base class of every error raised by resource_lease."""
@@ -51,6 +53,12 @@ class LeaseLost(LeaseError):
 
 class LeaseDatabaseError(LeaseError):
     """The database failed in a way the engine could not retry away."""
+
+
+class LeaseConfigError(LeaseError, ImproperlyConfigured):
+    """A ``RESOURCE_LEASE`` setting has a value the app cannot use; the message names it.
+
+    The system checks ``resource_lease.E010``/``E011`` report the same at start-up."""
 
 
 class MemberTaken(LeaseError):

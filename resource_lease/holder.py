@@ -172,6 +172,10 @@ class ResourceHolder(threading.Thread, metaclass=abc.ABCMeta):
         self._current: Lease | None = None
         self._validated = False
         self._lost_pending = False
+        #: Set when the thread finds the lease lost (a renewal refused, or the local deadline
+        #: passed without one), cleared once a fresh lease is held or on ``close()``: a work
+        #: loop can ``holder.lost_event.wait(timeout)`` instead of polling ``lost``.
+        self.lost_event = threading.Event()
         self._sent_at = 0.0  # monotonic time the current lease was last acquired or renewed
         self._epoch = 0  # bumped by close(): an acquire started before it must give up
         # One acquire at a time (the caller's acquire()/fix() or the thread's re-acquire).
@@ -270,7 +274,8 @@ class ResourceHolder(threading.Thread, metaclass=abc.ABCMeta):
     @property
     def lost(self) -> bool:
         """True from the moment the lease can no longer be trusted (renewal refused, local
-        deadline passed) until a fresh one is held; for a work loop to poll."""
+        deadline passed) until a fresh one is held; for a work loop to poll. A bool, like
+        ``Lease.lost``; ``lost_event`` is the Event to wait on."""
         with self._state_lock:
             lease, validated, pending = self._current, self._validated, self._lost_pending
         return pending or (validated and lease is not None and not _trusted(lease))
@@ -341,6 +346,7 @@ class ResourceHolder(threading.Thread, metaclass=abc.ABCMeta):
             self._epoch += 1
             lease, self._current = self._current, None
             self._validated = self._lost_pending = False
+            self.lost_event.clear()
         return lease is not None and lease.release()
 
     def terminate(self, timeout: float | None = None) -> None:
@@ -426,6 +432,8 @@ class ResourceHolder(threading.Thread, metaclass=abc.ABCMeta):
             self._current = None
             self._validated = False
             self._lost_pending = validated
+            if validated:
+                self.lost_event.set()
             epoch = self._epoch  # a close() from now on cancels the re-acquire
         if validated:
             self.lost_lease, self.lost_reason = lease, reason
@@ -569,6 +577,7 @@ class ResourceHolder(threading.Thread, metaclass=abc.ABCMeta):
             if self._current is lease and self._epoch == epoch and not self._stopping.is_set() and _trusted(lease):
                 self._validated = True
                 self._lost_pending = False
+                self.lost_event.clear()
                 accepted = True
             else:
                 accepted = False
@@ -622,7 +631,7 @@ def _sent_time(lease: Lease, ttl: float) -> float:
 
 
 def _trusted(lease: Lease) -> bool:
-    return not lease.released and not lease.lost.is_set() and lease.remaining() > 0
+    return not lease.released and not lease.lost and lease.remaining() > 0
 
 
 def _release_quietly(lease: Lease) -> None:

@@ -77,8 +77,9 @@ class Lease:
         self.ttl = ttl
         self.using = using
         self.on_lost = on_lost
-        #: Set when this process learns the lease is gone (renewal refused, deadline passed).
-        self.lost = threading.Event()
+        #: Set when this process learns the lease is gone (renewal refused, deadline passed);
+        #: ``lost`` is the same as a bool. Wait on it: ``lease.lost_event.wait(timeout)``.
+        self.lost_event = threading.Event()
         self.lost_reason = ""
         self._pid = os.getpid()
         self._released = False
@@ -88,7 +89,7 @@ class Lease:
         self._deadline = sent_at + ttl - safety_margin(ttl)
 
     def __repr__(self) -> str:
-        state = "released" if self._released else "lost" if self.lost.is_set() else "held"
+        state = "released" if self._released else "lost" if self.lost_event.is_set() else "held"
         return f"<Lease {self.resource} fence={self.fence} holder={self.holder!r} {state}>"
 
     # -- local view ------------------------------------------------------------------
@@ -96,6 +97,13 @@ class Lease:
     @property
     def released(self) -> bool:
         return self._released
+
+    @property
+    def lost(self) -> bool:
+        """True once this process has learned the lease is gone (a renewal refused, the local
+        deadline passed, a fenced write refused); ``lost_reason`` says why. A plain bool, so
+        ``if lease.lost:`` reads as it should; ``lost_event`` is the Event to wait on."""
+        return self.lost_event.is_set()
 
     def remaining(self) -> float:
         """Seconds this process may still trust the lease (local deadline, taken before sending)."""
@@ -111,9 +119,9 @@ class Lease:
             raise LeaseLost(f"{self!r} was released")
         if os.getpid() != self._pid:
             raise LeaseLost(f"{self!r} belongs to process {self._pid}, not to this forked child")
-        if not self.lost.is_set() and time.monotonic() >= self._deadline:
+        if not self.lost_event.is_set() and time.monotonic() >= self._deadline:
             self._mark_lost("the local deadline passed without a successful renewal")
-        if self.lost.is_set():
+        if self.lost_event.is_set():
             raise LeaseLost(f"{self!r}: {self.lost_reason}")
 
     # -- asked of the database -------------------------------------------------------
@@ -213,11 +221,11 @@ class Lease:
 
     def _mark_lost(self, reason: str) -> None:
         with self._lock:
-            if self.lost.is_set() or self._released:
+            if self.lost_event.is_set() or self._released:
                 return
             self.lost_reason = reason
             self._auto_renew = False
-            self.lost.set()
+            self.lost_event.set()
         logger.warning("lease lost: %r: %s", self, reason)
         signals.lease_lost.send(sender=Resource, lease=self, reason=reason)
         if self.on_lost is not None:

@@ -74,6 +74,10 @@ class Resource(models.Model):
 
     created_at = models.DateTimeField(auto_now_add=True)
 
+    #: Text columns compared exactly on every database (migration ``ExactCollation``,
+    #: system check ``resource_lease.W010``): "PROXY" and "proxy " are not "proxy".
+    exact_text_fields: ClassVar[tuple[str, ...]] = ("kind", "name")
+
     objects = ResourceQuerySet.as_manager()
 
     class Meta:
@@ -136,6 +140,8 @@ class LeaseEvent(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True, help_text="For a grant: its expiry (database clock).")
     actor = models.CharField(max_length=150, blank=True, default="", help_text="Who did an operator's action.")
     detail = models.CharField(max_length=500, blank=True, default="")
+
+    exact_text_fields: ClassVar[tuple[str, ...]] = ("kind", "name")
 
     class Meta:
         ordering = ["-at", "-id"]
@@ -248,6 +254,9 @@ class DispenserItem(models.Model):
     claimed_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    # Made exact by migration 0005 (db/dispenser.py); check W010 keeps watching them.
+    exact_text_fields: ClassVar[tuple[str, ...]] = ("dispenser", "key", "worker")
+
     class Meta:
         ordering = ["dispenser", "id"]
         constraints = [
@@ -296,6 +305,9 @@ class Topic(models.Model):
     payload = models.JSONField(null=True, blank=True, help_text="The last notification's payload.")
     updated_at = models.DateTimeField(help_text="When the last notification was sent (database clock).")
 
+    # Made exact by migration 0008 (ExactCollation); check W010 keeps watching it.
+    exact_text_fields: ClassVar[tuple[str, ...]] = ("name",)
+
     class Meta:
         ordering = ["name"]
         constraints = [
@@ -323,6 +335,9 @@ class ConfigEntry(models.Model):
     value = models.JSONField(null=True, blank=True, help_text="The stored value; empty: the default applies.")
     version = models.BigIntegerField(default=0, help_text="Raised by one on every change of the value.")
     updated_at = models.DateTimeField(help_text="When the value (or the declaration) last changed (database clock).")
+
+    # Made exact by migration 0008 (ExactCollation); check W010 keeps watching them.
+    exact_text_fields: ClassVar[tuple[str, ...]] = ("namespace", "key")
 
     class Meta:
         ordering = ["namespace", "key"]

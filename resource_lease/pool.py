@@ -119,12 +119,15 @@ def quarantine(
     until: dt.datetime | None = None,
     using: str | None = None,
 ) -> int:
-    """Take resources out of service for ``seconds`` (or ``until`` an aware time) with a reason.
+    """Take resources out of service for ``seconds`` (or ``until`` an aware time) with a
+    reason (required: a non-blank string, shown to operators and kept in the audit trail).
 
     A free resource is pushed out of the acquire's reach at once; a held one stays with its
     holder until released, and is then kept out until the quarantine ends. Returns the count.
     """
     reason = check_reason(reason)
+    if not reason.strip():
+        raise ValueError(f"reason must say why the resources are taken out of service, got {reason!r}")
     if (seconds is None) == (until is None):
         raise ValueError("quarantine needs exactly one of seconds or until")
     end: Any
@@ -150,10 +153,21 @@ def quarantine(
     return count
 
 
+def restorable(queryset: QuerySet[Resource]) -> QuerySet[Resource]:
+    """The resources of ``queryset`` that ``restore()`` would change: those with a quarantine."""
+    return queryset.filter(quarantined_until__isnull=False)
+
+
+def releasable(queryset: QuerySet[Resource]) -> QuerySet[Resource]:
+    """The resources of ``queryset`` that ``force_release()`` would free: those with a live
+    lease, by the database's clock."""
+    return queryset.filter(busy_before__gt=DbNow()).exclude(grant_token="")
+
+
 def restore(resources: ResourceSet, *, using: str | None = None) -> int:
     """End the quarantine of resources now. Returns how many were quarantined."""
     now = DbNow()
-    queryset = _queryset(resources, using).filter(quarantined_until__isnull=False)
+    queryset = restorable(_queryset(resources, using))
     matched = _matched(signals.resources_restored, queryset)
     count = queryset.update(
         quarantined_until=None,
@@ -171,7 +185,7 @@ def force_release(resources: ResourceSet, *, using: str | None = None) -> int:
     The holder's next renewal or fenced write is refused. Returns how many were freed.
     """
     now = DbNow()
-    queryset = _queryset(resources, using).filter(busy_before__gt=now).exclude(grant_token="")
+    queryset = releasable(_queryset(resources, using))
     matched = _matched(signals.resources_force_released, queryset)
     count = queryset.update(
         busy_before=Case(When(quarantined_until__gt=now, then=F("quarantined_until")), default=now),

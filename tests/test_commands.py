@@ -262,7 +262,7 @@ def test_seed_json_summary() -> None:
 
 
 def test_sample_list_in_the_repository_loads() -> None:
-    path = REPO / "project" / "sample_proxies.txt"
+    path = REPO / "resource_lease" / "samples" / "sample_proxies.txt"
     listed = [line for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
 
     summary = json.loads(run("seed_proxies", str(path), "--json"))

@@ -73,7 +73,7 @@ def test_a_deposed_leader_cannot_save_state_and_learns_it_lost() -> None:
     with pytest.raises(LeaseLost):
         a.save_state({"step": "stale"})  # refused by the database: holder and fence checked
     assert election_row("deposed").data == {"step": 2}
-    assert lease.lost.is_set() and not a.is_leader()
+    assert lease.lost and not a.is_leader()
     with pytest.raises(LeaseLost):
         lease.check()
     with pytest.raises(LeaseLost, match="not the leader"):
@@ -87,7 +87,7 @@ def test_is_leader_asks_the_database() -> None:
     force_release(Resource.objects.filter(kind="@election", name="asked"))
     lease.check()  # the local view cannot know yet
     assert not a.is_leader()
-    assert lease.lost.is_set()
+    assert lease.lost
 
 
 def test_run_campaigns_runs_and_resigns() -> None:

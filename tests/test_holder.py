@@ -46,7 +46,7 @@ class Holder(ResourceHolder):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.losses: list[tuple[int, int, str]] = []
-        self.lost_event = threading.Event()
+        self.on_lost_called = threading.Event()
         self.broken: set[int] = set()
 
     def is_valid(self) -> bool:
@@ -63,7 +63,7 @@ class Holder(ResourceHolder):
         lease = self.lost_lease
         assert lease is not None
         self.losses.append((lease.resource.pk, lease.fence, self.lost_reason))
-        self.lost_event.set()
+        self.on_lost_called.set()
         super().on_lost()
 
 
@@ -386,15 +386,30 @@ def test_force_release_is_noticed_on_lost_fires_and_a_fresh_grant_follows(make_p
     old = holder.acquire(timeout=5)
     holder.start()
     assert pool.force_release([row]) == 1
-    assert holder.lost_event.wait(10), "on_lost was not called"
+    assert holder.on_lost_called.wait(10), "on_lost was not called"
     assert holder.losses[0][:2] == (row.pk, 1) and "refused the renewal" in holder.losses[0][2]
-    assert old.lost.is_set()
+    assert old.lost
     with pytest.raises(LeaseLost):
         old.check()
     # The only resource is free again: the holder is back on it with a higher fence.
     wait_for(lambda: holder.holding, what="the re-acquire")
     assert holder.resource.pk == row.pk and holder.fence == 2 and holder.lease is not old
     assert len(holder.losses) == 1
+
+
+def test_lost_event_is_set_on_a_loss_and_cleared_once_a_fresh_lease_is_held(make_pool: Any, holders: Any) -> None:
+    row = make_pool("h", 1)[0]
+    holder = holders(ttl=2, renew_interval=0.3)
+    holder.acquire(timeout=5)
+    holder.start()
+    assert holder.lost is False and not holder.lost_event.is_set()
+    pool.force_release([row])
+    other = acquire("h", ttl=30, timeout=0)  # the only resource: the holder cannot move on yet
+    assert holder.lost_event.wait(10), "the holder's lost_event was not set"
+    assert holder.lost is True
+    other.release()
+    wait_for(lambda: holder.holding, what="the re-acquire")
+    assert not holder.lost_event.is_set() and holder.lost is False
 
 
 def test_renewals_blocked_past_ttl_stop_the_trust_locally_then_on_lost_and_a_fresh_grant(
@@ -413,7 +428,7 @@ def test_renewals_blocked_past_ttl_stop_the_trust_locally_then_on_lost_and_a_fre
         assert not holder.holding
         with pytest.raises(LeaseLost):
             holder.check()
-    assert holder.lost_event.wait(10), "on_lost was not called"
+    assert holder.on_lost_called.wait(10), "on_lost was not called"
     wait_for(lambda: holder.holding, what="the re-acquire")
     assert holder.resource.pk == row.pk and holder.fence > old.fence
     assert not holder.lost
@@ -426,7 +441,7 @@ def test_close_stops_the_threads_re_acquire_for_good(make_pool: Any, holders: An
     holder.start()
     pool.force_release([row])
     other = acquire("h", ttl=30, timeout=0)  # before the holder's next renewal notices
-    assert holder.lost_event.wait(10)
+    assert holder.on_lost_called.wait(10)
     assert holder.lost and not holder.holding  # and it keeps trying to get one
     holder.close()
     other.release()
@@ -542,7 +557,7 @@ def test_the_local_deadline_holds_without_the_thread(make_pool: Any, holders: An
     wait_for(lambda: holder.lost, timeout=3, what="the local deadline")
     with pytest.raises(LeaseLost, match="local deadline"):
         holder.check()
-    assert not holder.holding and lease.lost.is_set()
+    assert not holder.holding and lease.lost
 
 
 def test_fix_keeps_a_valid_resource_and_replaces_a_broken_one(make_pool: Any, holders: Any) -> None:

@@ -125,7 +125,7 @@ def test_renew_after_expiry_is_refused_even_if_nobody_took_it(make_pool) -> None
     time.sleep(0.4)
     with pytest.raises(LeaseLost):
         lease.renew()
-    assert lease.lost.is_set()
+    assert lease.lost
     assert lease.release() is False
 
 
@@ -159,7 +159,7 @@ def test_auto_renew_keeps_the_lease_past_several_ttls(make_pool) -> None:
         first_expiry = lease.expires_at
         time.sleep(4.5)  # three ttls
         assert lease.is_held()
-        assert not lease.lost.is_set()
+        assert not lease.lost
         assert lease.expires_at > first_expiry
         lease.check()
         with pytest.raises(NoResourceAvailable):
@@ -175,7 +175,7 @@ def test_on_lost_fires_once_when_the_row_is_taken_away(make_pool) -> None:
     calls: list[Lease] = []
     lease = acquire("proxy", ttl=0.9, auto_renew=True, on_lost=calls.append)
     assert pool.force_release([lease.resource]) == 1
-    assert lease.lost.wait(timeout=10), "the renewal did not notice the lease was gone"
+    assert lease.lost_event.wait(timeout=10), "the renewal did not notice the lease was gone"
     time.sleep(0.7)
     assert calls == [lease]
     assert "refused" in lease.lost_reason
@@ -410,3 +410,18 @@ def test_mysql_engine_connections_count_matched_rows_whatever_client_flag_the_us
         options.clear()
         options.update(saved)
         close_connections()
+
+
+def test_lost_is_a_bool_so_if_lease_lost_reads_as_it_should(make_pool) -> None:
+    make_pool("proxy", 1)
+    lease = acquire("proxy", ttl=0.3)
+    assert lease.lost is False
+    if lease.lost:  # was always true while `lost` was a threading.Event
+        pytest.fail("a fresh lease reads as lost")
+    assert not lease.lost_event.is_set()
+    time.sleep(0.35)
+    with pytest.raises(LeaseLost):
+        lease.check()
+    assert lease.lost is True and lease.lost_event.is_set()
+    with pytest.raises(AttributeError):
+        lease.lost = False  # type: ignore[misc]  # read-only: the Event decides

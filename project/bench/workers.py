@@ -288,7 +288,7 @@ class RenewTask(Task):
             "lateness_us": lateness,
             "statements": statements1 - statements0,
             "errors": errors1 - errors0,
-            "lost": sum(lease.lost.is_set() for lease in self.leases),
+            "lost": sum(lease.lost for lease in self.leases),
             "elapsed": stop - start,
         }
 

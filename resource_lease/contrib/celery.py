@@ -180,7 +180,7 @@ class LeaseTask(Task):
             # The result stands; the lease simply expires after its ttl.
             logger.exception("%s[%s]: releasing %r failed", self.name, self.request.id, lease)
             return
-        if not released and lease.lost.is_set():
+        if not released and lease.lost:
             logger.warning("%s[%s]: finished without its lease: %s", self.name, self.request.id, lease.lost_reason)
 
 

@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.db import connections
-from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 
 from resource_lease.db.base import Dialect
 from resource_lease.models import ConfigEntry, Topic
@@ -258,36 +257,3 @@ def listener(alias: str, wake_channel: str) -> Listener | None:
     if connections[alias].vendor != "postgresql":
         return None
     return Listener(alias, wake_channel)
-
-
-# -- exact comparison of names on MySQL/MariaDB ---------------------------------------------
-
-#: Binary collations that do not pad (trailing spaces count), best first: MariaDB 10.2+ and
-#: MySQL 8. ``utf8mb4_bin`` is a PAD SPACE collation on both: "index" and "index " would be
-#: one name under it, so it is only the last resort (a server with neither).
-EXACT_COLLATIONS = ("utf8mb4_nopad_bin", "utf8mb4_0900_bin", "utf8mb4_bin")
-
-
-def exact_collation(schema_editor: BaseDatabaseSchemaEditor) -> str:
-    with schema_editor.connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT collation_name FROM information_schema.collations WHERE collation_name IN (%s, %s, %s)",
-            EXACT_COLLATIONS,
-        )
-        found = {row[0] for row in cursor.fetchall()}
-    return next(name for name in EXACT_COLLATIONS if name in found or name == EXACT_COLLATIONS[-1])
-
-
-def make_exact(schema_editor: BaseDatabaseSchemaEditor, table: str, columns: Sequence[tuple[str, int]]) -> None:
-    """On MySQL/MariaDB, make name columns (``(column, max_length)``, NOT NULL varchar)
-    compare byte for byte: the default collations ignore case and trailing spaces, so
-    "Index" and "index " would be one topic. Other vendors compare exactly already."""
-    if schema_editor.connection.vendor != "mysql":
-        return
-    qn = schema_editor.connection.ops.quote_name
-    collation = exact_collation(schema_editor)
-    for column, max_length in columns:
-        schema_editor.execute(
-            f"ALTER TABLE {qn(table)} MODIFY {qn(column)}"
-            f" varchar({int(max_length)}) CHARACTER SET utf8mb4 COLLATE {collation} NOT NULL"
-        )

@@ -122,7 +122,7 @@ def stuck(self: LeaseTask, directory: str) -> None:
 def watch_loss(self: LeaseTask, directory: str, seconds: float) -> dict[str, Any]:
     """Waits for the lease to be lost (a test force-releases it), then checks it."""
     _started(self, directory)
-    lost = self.lease.lost.wait(seconds)
+    lost = self.lease.lost_event.wait(seconds)
     try:
         self.lease.check()
         check_raised = False

@@ -145,7 +145,7 @@ def hold(args: argparse.Namespace, worker: str) -> None:
         except LeaseLost:  # renewal thread is stuck on a hung server
             break
         time.sleep(0.1)
-    if lease.lost.is_set():
+    if lease.lost:
         trusted_until = int(lease._deadline * 1e9)  # the local deadline it stopped trusting at
         record(args.dir, worker, Grant(lease.resource.pk, lease.fence, start, trusted_until, worker))
         emit("done", held=False, pk=lease.resource.pk)

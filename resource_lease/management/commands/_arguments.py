@@ -4,14 +4,59 @@ from __future__ import annotations
 
 import argparse
 
-from resource_lease.validation import MAX_SECONDS, check_alias, check_kind
+from django.db.models import QuerySet
+
+from resource_lease.models import Resource
+from resource_lease.seeding import name_problem
+from resource_lease.validation import MAX_SECONDS, check_alias, check_kind, check_reason, check_seconds
+
+
+def pool_resources(using: str) -> QuerySet[Resource]:
+    """The resources of the pools: every row but the coordination rows (kind ``@...``)."""
+    return Resource.objects.using(using).pools()
 
 
 def kind_argument(value: str) -> str:
     try:
-        return check_kind(value)
+        return check_kind(value)  # a pool's kind: coordination kinds ("@...") are refused
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc).replace("kind must", "must")) from None
+
+
+def name_argument(value: str) -> str:
+    problem = name_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return value
+
+
+def seconds_argument(value: str) -> float:
+    try:
+        return check_seconds(float(value), "seconds")
+    except ValueError as exc:
+        message = str(exc).removeprefix("seconds ")
+        if "could not convert" in message:
+            message = f"must be a number of seconds, got {value!r}"
+        raise argparse.ArgumentTypeError(message) from None
+
+
+def reason_argument(value: str) -> str:
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must say why (a non-empty reason)")
+    try:
+        return check_reason(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("reason ")) from None
+
+
+def interval_argument(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {value!r}") from None
+    if not 0.1 <= seconds <= 3600:
+        raise argparse.ArgumentTypeError(f"must be between 0.1 and 3600 seconds, got {value!r}")
+    return seconds
 
 
 def database_argument(value: str) -> str:

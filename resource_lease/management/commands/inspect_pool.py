@@ -1,21 +1,30 @@
-"""``manage.py inspect_pool [--kind K] [--state S] [--json]``
+"""``manage.py inspect_pool [--kind K] [--state S] [--json] [--watch [--interval S]]``
 
 Each resource's state (free, held, expired, quarantined, disabled) by the database's clock,
-its holder, fence and time left, and the counts per state of each kind.
+its holder, fence and time left, and the counts per state of each kind. ``--watch`` shows it
+again every ``--interval`` seconds (a refreshing view on a terminal; one report after another
+in a pipe, one JSON document per line with ``--json``) until Ctrl-C, which ends it cleanly.
+Coordination rows (kinds starting with ``@``) are not part of any pool and are not shown.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from resource_lease.conf import lease_settings
 from resource_lease.display import current_holder, format_duration, payload_url, quarantine_left, with_display_state
-from resource_lease.management.commands._arguments import database_argument, kind_argument
-from resource_lease.models import Resource
+from resource_lease.management.commands._arguments import (
+    database_argument,
+    interval_argument,
+    kind_argument,
+    pool_resources,
+)
+from resource_lease.management.commands._base import LeaseCommand
 from resource_lease.pool import QUARANTINED, STATES, counts, database_now
 
 COLUMNS = ("KIND", "NAME", "STATE", "HOLDER", "FENCE", "LEASE LEFT", "URL", "NOTE")
@@ -34,7 +43,11 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-class Command(BaseCommand):
+#: Moves the cursor home and clears the screen: each refresh of --watch replaces the last.
+CLEAR = "\x1b[H\x1b[2J"
+
+
+class Command(LeaseCommand):
     help = (
         "Show each resource's state (free, held, expired, quarantined, disabled), holder, fence and "
         "time left by the database's clock, and the counts per state; --json for scripts."
@@ -47,6 +60,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--database", type=database_argument, default=None, help="database alias (default: the lease database)"
         )
+        parser.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+        parser.add_argument(
+            "--interval",
+            type=interval_argument,
+            default=2.0,
+            help="seconds between refreshes with --watch (default 2)",
+        )
 
     def handle(
         self,
@@ -55,14 +75,39 @@ class Command(BaseCommand):
         state: str | None,
         as_json: bool,
         database: str | None,
+        watch: bool = False,
+        interval: float = 2.0,
         **options: Any,
     ) -> None:
         using = database or str(lease_settings.DATABASE)
-        pool = Resource.objects.using(using).pools()
+        if not watch:
+            self.show(using, kind, state, as_json)
+            return
+        terminal = self.stdout.isatty() and not as_json
+        try:
+            while True:
+                if terminal:
+                    self.stdout.write(CLEAR, ending="")
+                if not as_json:
+                    now = database_now(using).strftime("%Y-%m-%d %H:%M:%S")
+                    self.stdout.write(f"Pool at {now} UTC (database clock), every {interval:g}s; Ctrl-C stops.\n")
+                self.show(using, kind, state, as_json, compact=True)
+                if not as_json and not terminal:
+                    self.stdout.write("")
+                self.stdout.flush()
+                time.sleep(interval)
+        except KeyboardInterrupt:
+            # Ctrl-C is how a watch ends: no traceback, a clean line and status 0.
+            if not as_json:
+                self.stdout.write("")
+
+    def show(self, using: str, kind: str | None, state: str | None, as_json: bool, *, compact: bool = False) -> None:
+        pool = pool_resources(using)
         if kind is not None:
+            every_kind = pool
             pool = pool.filter(kind=kind)
             if not pool.exists():
-                known = sorted(set(Resource.objects.using(using).pools().values_list("kind", flat=True).distinct()))
+                known = sorted(set(every_kind.values_list("kind", flat=True).distinct()))
                 raise CommandError(
                     f"there are no resources of kind {kind!r} (kinds: {', '.join(known) if known else 'none'})"
                 )
@@ -72,11 +117,11 @@ class Command(BaseCommand):
             rows = rows.filter(state=state)  # type: ignore[misc]
         resources = list(rows)
         if as_json:
-            self._json(resources, per_kind, using)
+            self._json(resources, per_kind, using, compact=compact)
         else:
             self._table(resources, per_kind)
 
-    def _json(self, resources: list[Any], per_kind: dict[str, dict[str, int]], using: str) -> None:
+    def _json(self, resources: list[Any], per_kind: dict[str, dict[str, int]], using: str, *, compact: bool) -> None:
         report = {
             "database_time": _iso(resources[0].db_now if resources else database_now(using)),
             "counts": per_kind,
@@ -98,11 +143,14 @@ class Command(BaseCommand):
                 for r in resources
             ],
         }
-        self.stdout.write(json.dumps(report, indent=2))
+        # --watch --json: one document per line, for a reader that parses line by line.
+        self.stdout.write(json.dumps(report) if compact else json.dumps(report, indent=2))
 
     def _table(self, resources: list[Any], per_kind: dict[str, dict[str, int]]) -> None:
         if not per_kind:
-            self.stdout.write("The pool is empty: load it with `manage.py seed_proxies FILE`.")
+            self.stdout.write(
+                "The pool is empty: load it with `manage.py seed_proxies FILE` (or `seed_resources FILE --kind K`)."
+            )
             return
         table: list[tuple[str, ...]] = [COLUMNS]
         for r in resources:

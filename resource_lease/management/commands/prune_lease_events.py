@@ -9,18 +9,19 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, Value
 
 from resource_lease.conf import lease_settings
 from resource_lease.db import DbNow
 from resource_lease.management.commands._arguments import database_argument, positive_days_argument
+from resource_lease.management.commands._base import LeaseCommand
 from resource_lease.models import LeaseEvent
 
 BATCH = 5000
 
 
-class Command(BaseCommand):
+class Command(LeaseCommand):
     help = "Delete lease events (the audit trail) older than --days (default: RESOURCE_LEASE['AUDIT_RETENTION_DAYS'])."
 
     def add_arguments(self, parser: CommandParser) -> None:

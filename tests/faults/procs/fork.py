@@ -99,7 +99,7 @@ def main() -> None:
         child_done=child_done,
         renewed=renewed,
         is_held=lease.is_held(),
-        lost=lease.lost.is_set(),
+        lost=lease.lost,
         released=lease.release(),
         user_connection=user_connection,
     )

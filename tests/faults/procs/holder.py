@@ -165,7 +165,7 @@ class Holder:
 
             thread = renewer().thread
             return {
-                "lost": lease.lost.is_set(),
+                "lost": lease.lost,
                 "reason": lease.lost_reason,
                 "renewer_alive": thread is not None and thread.is_alive(),
                 "threads": sorted(t.name for t in threading.enumerate()),

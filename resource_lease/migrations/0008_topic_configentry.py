@@ -2,20 +2,13 @@
 
 from django.db import migrations, models
 
-
-def names_compare_exactly(apps, schema_editor):
-    # MySQL/MariaDB: topic and config names compare byte for byte (a binary NO PAD collation), not
-    # ignoring case and trailing spaces; nothing to do elsewhere.
-    from resource_lease.db.topics import make_exact
-
-    make_exact(schema_editor, "resource_lease_topic", [("name", 200)])
-    make_exact(schema_editor, "resource_lease_configentry", [("namespace", 200), ("key", 200)])
+from resource_lease.db.collation import ExactCollation
 
 
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('resource_lease', '0006_locks_admin_and_event_kind'),
+        ('resource_lease', '0007_exact_collation'),
     ]
 
     operations = [
@@ -52,5 +45,7 @@ class Migration(migrations.Migration):
                 'constraints': [models.CheckConstraint(condition=models.Q(('version__gte', 0)), name='resource_lease_topic_version_not_negative')],
             },
         ),
-        migrations.RunPython(names_compare_exactly, migrations.RunPython.noop, atomic=False),
+        # Topic and config names compare exactly on MySQL/MariaDB too (case, trailing spaces).
+        ExactCollation('topic', ['name']),
+        ExactCollation('configentry', ['namespace', 'key']),
     ]
