@@ -26,17 +26,11 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
+from project.arguments import positive_int
 from resource_lease import Config, notify, watch
 from resource_lease.models import Topic
 
 DEFAULTS: dict[str, Any] = {"max_rec": 1000, "min_title_sim": 0.55}
-
-
-def positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise ValueError(value)
-    return number
 
 
 class Command(BaseCommand):

@@ -29,24 +29,11 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from project.arguments import positive, positive_int
 from resource_lease import DoubleBarrier, Group, named
 
 GROUP = "recommender"
 STATE_KIND = named.row_kind("pipeline")
-
-
-def positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise ValueError(value)
-    return number
-
-
-def positive(value: str) -> float:
-    number = float(value)
-    if not number > 0:
-        raise ValueError(value)
-    return number
 
 
 def say(**fields: Any) -> None:
