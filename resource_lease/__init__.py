@@ -24,6 +24,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BarrierTimeout",
+    "Config",
     "Dispenser",
     "DoubleBarrier",
     "Election",
@@ -37,18 +38,22 @@ __all__ = [
     "MemberTaken",
     "NoResourceAvailable",
     "ResourceHolder",
+    "Watch",
     "WorkItem",
     "Worker",
     "acquire",
     "close_connections",
     "leader_only",
     "lock",
+    "notify",
     "semaphore",
     "synchronized",
+    "watch",
 ]
 
 if TYPE_CHECKING:
     from resource_lease.barrier import DoubleBarrier
+    from resource_lease.config import Config
     from resource_lease.db.connections import close_connections
     from resource_lease.dispenser import Dispenser, WorkItem
     from resource_lease.election import Election, leader_only
@@ -56,6 +61,7 @@ if TYPE_CHECKING:
     from resource_lease.holder import ResourceHolder
     from resource_lease.lease import Lease, acquire
     from resource_lease.locks import lock, semaphore, synchronized
+    from resource_lease.notifications import Watch, notify, watch
     from resource_lease.worker import FolderWorker, Worker
 
 # The names below import models, which need the app registry; resolve them on first use so
@@ -76,6 +82,10 @@ _LAZY = {
     "lock": "resource_lease.locks",
     "semaphore": "resource_lease.locks",
     "synchronized": "resource_lease.locks",
+    "notify": "resource_lease.notifications",
+    "watch": "resource_lease.notifications",
+    "Watch": "resource_lease.notifications",
+    "Config": "resource_lease.config",
 }
 
 

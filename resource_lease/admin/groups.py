@@ -17,6 +17,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.dateparse import parse_datetime
 
 from resource_lease import pool
 from resource_lease.admin.resources import CSS, ReadOnlyAdmin, StateFilter, _actor, _badge, _breakable, _plural
@@ -142,7 +143,10 @@ class BarrierOverviewAdmin(ReadOnlyAdmin):
             **(extra_context or {}),
             "title": "Barriers",
             "opts": self.model._meta,
-            "barriers": barriers(Resource.objects.db),
+            "barriers": [
+                {**b, "formed_at": parse_datetime(b["formed_at"]) if b["formed_at"] else None}
+                for b in barriers(Resource.objects.db)
+            ],
             "members_url": reverse(f"{self.admin_site.name}:resource_lease_groupmember_changelist"),
             "database_now": database_time(Resource.objects.db),
             "media": self.media,

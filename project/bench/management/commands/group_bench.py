@@ -27,14 +27,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from project.arguments import positive
 from resource_lease import Group
-
-
-def positive(value: str) -> float:
-    number = float(value)
-    if not number > 0:
-        raise ValueError(value)
-    return number
 
 
 def say(**fields: Any) -> None:

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import connection
 
+from project.arguments import positive
 from resource_lease.models import Resource
 
 POOL_KIND = "lockbench-one"
@@ -32,13 +33,6 @@ CONTENDERS = (
     ("acquire, 1 process, pool of 1", "acquire", 1, 1),
     ("acquire, 8 processes, pool of 1", "acquire", 8, 1),
 )
-
-
-def positive(value: str) -> float:
-    number = float(value)
-    if not number > 0:
-        raise ValueError(value)
-    return number
 
 
 class Command(BaseCommand):

@@ -20,18 +20,12 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from project.arguments import positive_int
 from resource_lease import acquire, pool
 from resource_lease.models import Resource
 
 KIND = "demo-proxy"
 SAMPLE = Path(__file__).resolve().parents[3] / "sample_proxies.txt"
-
-
-def positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise ValueError(value)
-    return number
 
 
 class Command(BaseCommand):

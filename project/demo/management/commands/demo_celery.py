@@ -29,18 +29,12 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from project.arguments import positive_int
 from resource_lease import pool
 from resource_lease.models import Resource
 
 KIND = "proxy"  # project.tasks.crawl's lease_kind
 POOLS = ("prefork", "threads", "solo")
-
-
-def positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise ValueError(value)
-    return number
 
 
 def seconds(value: str) -> float:

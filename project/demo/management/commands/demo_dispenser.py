@@ -21,25 +21,12 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from project.arguments import positive, positive_int
 from project.demo.workers import DISPENSER
 from resource_lease import Dispenser
 from resource_lease.models import DispenserItem
 
 WORKER = "project.demo.workers.DemoWorker"
-
-
-def positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise ValueError(value)
-    return number
-
-
-def positive(value: str) -> float:
-    number = float(value)
-    if not number > 0:
-        raise ValueError(value)
-    return number
 
 
 def read_ledger(directory: Path) -> tuple[Counter[str], Counter[str], dict[str, str]]:

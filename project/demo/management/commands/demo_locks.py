@@ -27,14 +27,9 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from project.arguments import positive
+
 NAME = "demo:nightly-report"
-
-
-def positive(value: str) -> float:
-    number = float(value)
-    if not number > 0:
-        raise ValueError(value)
-    return number
 
 
 class Command(BaseCommand):

@@ -5,8 +5,9 @@
 N worker processes join the group "recommender", pass a first DoubleBarrier, each computes
 its share of the users by the frozen cohort (``user % size == index``), leave it (which waits
 until every share is computed), pass a second barrier, and the cohort's index 0 (the leader)
-"rebuilds the index" from every worker's results and records the completion (a fenced write of
-a state row: the notification). One worker is SIGKILLed after joining, before the first
+"rebuilds the index" from every worker's results, records the completion (a fenced write of
+a state row) and notifies the topic ``recs:index-built``, the seed's daily "task A is done,
+start task B" signal, which the coordinator watches. One worker is SIGKILLed after joining, before the first
 barrier, and a replacement joins. The summary proves every user was computed exactly once.
 
 Each worker is this command again with ``--worker NAME``.
@@ -29,24 +30,13 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from resource_lease import DoubleBarrier, Group, named
+from project.arguments import positive, positive_int
+from resource_lease import DoubleBarrier, Group, named, notify, watch
 
 GROUP = "recommender"
 STATE_KIND = named.row_kind("pipeline")
-
-
-def positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise ValueError(value)
-    return number
-
-
-def positive(value: str) -> float:
-    number = float(value)
-    if not number > 0:
-        raise ValueError(value)
-    return number
+#: The signal that task A (the index) is done and task B may start.
+TOPIC = "recs:index-built"
 
 
 def say(**fields: Any) -> None:
@@ -137,7 +127,8 @@ class Command(BaseCommand):
             }
             if not named.write_data(lease, state):
                 raise CommandError("the rebuild's lease was lost: completion not recorded")
-            say(event="rebuilt", member=member, **state)
+            version = notify(TOPIC, payload={"run": run, **state})  # task B may start
+            say(event="rebuilt", member=member, version=version, **state)
         finally:
             lease.release()
 
@@ -161,6 +152,12 @@ class Command(BaseCommand):
         (Path(settings.BASE_DIR) / "var" / "demo_pipeline" / run).mkdir(parents=True)
         common = ["--run", run, "--workers", str(workers), "--users", str(users), "--ttl", str(ttl)]
         self.stdout.write(f"Run {run}: {workers} workers, {users} users, ttl {ttl:g}s.")
+
+        # Task B's trigger: a watch on the topic the leader notifies once the index is built.
+        signals: list[dict[str, Any]] = []
+        task_b = watch(
+            TOPIC, lambda payload, version: signals.append({"version": version, **(payload or {})}), poll=0.5
+        )
 
         victim = self.manage("--worker", f"w-{workers - 1}-victim", "--stall", *common)
         procs = [self.manage("--worker", f"w-{i}", *common) for i in range(workers - 1)]
@@ -194,9 +191,13 @@ class Command(BaseCommand):
             if proc.returncode != 0:
                 raise CommandError(f"a worker failed with exit code {proc.returncode}")
             reports += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        self.summarise(reports, run, users)
+        deadline = time.monotonic() + 10
+        while not any(s.get("run") == run for s in signals) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        task_b.stop()
+        self.summarise(reports, run, users, [s for s in signals if s.get("run") == run])
 
-    def summarise(self, reports: list[dict[str, Any]], run: str, users: int) -> None:
+    def summarise(self, reports: list[dict[str, Any]], run: str, users: int, signals: list[dict[str, Any]]) -> None:
         computed = [r for r in reports if r["event"] == "computed"]
         per_user = Counter(u for r in computed for u in r["users"])
         twice = sorted(u for u, c in per_user.items() if c > 1)
@@ -224,9 +225,20 @@ class Command(BaseCommand):
             f"{state.get('users_indexed')} users from {state.get('result_files')} result files;"
             f" completion recorded: {bool(state.get('index_built'))}"
         )
+        for signal_ in signals:
+            self.stdout.write(
+                f"  task B's watch got {TOPIC!r} version {signal_['version']}: index built by {signal_.get('by')},"
+                f" {signal_.get('users_indexed')} users"
+            )
+        if not signals:
+            self.stdout.write(f"  task B's watch got no {TOPIC!r} notification")
         self.stdout.write(self.style.MIGRATE_HEADING("Groups and barriers as an operator sees them (inspect_groups)"))
         call_command("inspect_groups", stdout=self.stdout)
-        ok = len(views) == 1 and not twice and not never and state.get("users_indexed") == users
+        ok = len(views) == 1 and not twice and not never and state.get("users_indexed") == users and len(signals) == 1
         if not ok:
-            raise CommandError(f"not exactly once: twice {twice[:10]}, never {never[:10]}, state {state}")
-        self.stdout.write(self.style.SUCCESS("Every user was computed exactly once; the index was rebuilt once."))
+            raise CommandError(
+                f"not exactly once: twice {twice[:10]}, never {never[:10]}, state {state}, notifications {signals}"
+            )
+        self.stdout.write(
+            self.style.SUCCESS("Every user was computed exactly once; the index was rebuilt once, and task B was told.")
+        )

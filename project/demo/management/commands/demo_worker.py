@@ -14,14 +14,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from project.arguments import positive
 from resource_lease import NoResourceAvailable, acquire
-
-
-def positive(value: str) -> float:
-    number = float(value)
-    if not number > 0:
-        raise ValueError(value)
-    return number
 
 
 class Command(BaseCommand):
