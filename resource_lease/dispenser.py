@@ -257,8 +257,9 @@ class Dispenser:
                     what=what,
                 )
         except Disconnected as exc:
-            # The outcome of the last statement is unknown (PITFALLS 9): whatever this assign
-            # claimed carries its token, so the read below settles it.
+            # A connection lost during a statement's commit leaves its outcome unknown, and
+            # running it again blindly could claim twice: whatever this assign claimed
+            # carries its token, so the read below settles it.
             logger.warning("connection lost while %s; settling by reading back: %s", what, exc)
         rows = run_repeatable(
             self.using,

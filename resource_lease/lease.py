@@ -18,7 +18,7 @@ from django.db import connections, transaction
 
 from resource_lease import signals
 from resource_lease.conf import lease_settings
-from resource_lease.db import DbNow, dialect_class
+from resource_lease.db import dialect_class
 from resource_lease.db.base import Row
 from resource_lease.db.connections import Disconnected, LockWaitTimeout, lease_connection, run, run_repeatable
 from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost, NoResourceAvailable
@@ -174,8 +174,9 @@ class Lease:
         try:
             released = run(self.using, lambda d, c: d.release(c, **key), what=what)
         except Disconnected:
-            # The answer was lost, the release may have committed (PITFALLS 9): run it again,
-            # and if that finds nothing to release, read back whether the first one did.
+            # The answer was lost, the release may have committed (a connection lost during
+            # COMMIT leaves the outcome unknown): run it again, and if that finds nothing to
+            # release, read back whether the first one did.
             released = run_repeatable(
                 self.using, lambda d, c: d.release(c, **key) or d.was_released(c, **key), what=what
             )
@@ -208,8 +209,8 @@ class Lease:
             current = (
                 Resource.objects.using(alias)
                 .select_for_update()
-                .filter(pk=self.resource.pk, holder=self.holder, fence=self.fence, busy_before__gt=DbNow())
-                .exclude(grant_token="")  # given back (see Dialect.ours)
+                .live()  # not given back nor expired (see Dialect.ours)
+                .filter(pk=self.resource.pk, holder=self.holder, fence=self.fence)
                 .exists()
             )
             if not current:
@@ -406,8 +407,9 @@ def _grant(alias: str, *, kind: str, statement: GrantStatement) -> tuple[Row | N
         logger.info("acquire of %r waited out the lock wait timeout: %s", kind, exc)
         return None, False
     except Disconnected as exc:
-        # The connection died with the outcome unknown (PITFALLS 9): settle it by reading
-        # back the grant by its token, never by blindly running the statement again.
+        # The connection died with the outcome unknown (it may have died during COMMIT):
+        # settle it by reading back the grant by its token, never by blindly running the
+        # statement again.
         logger.warning("connection lost while granting %r; settling by reading back: %s", kind, exc)
         row = run_repeatable(alias, lambda d, c: d.find_grant(c, kind=kind, token=token), what="settling a grant")
         return row, True

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import Case, CharField, DurationField, ExpressionWrapper, F, Q, Value, When
+
+from resource_lease.db import DbNow
 
 #: ``busy_before`` of a resource that was never leased: long past, so it is free.
 NEVER = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -22,7 +24,87 @@ def _never() -> dt.datetime:
 COORDINATION_PREFIX = "@"
 
 
+#: A resource's states, as ``ResourceQuerySet.with_state()`` names them.
+FREE, HELD, EXPIRED, QUARANTINED, DISABLED = "free", "held", "expired", "quarantined", "disabled"
+STATES = (FREE, HELD, EXPIRED, QUARANTINED, DISABLED)
+
+
+# The lease states, written once. Every condition is judged by the database's clock
+# (``DbNow``), never the client's, and is the ORM twin of the lease statements' SQL in
+# ``resource_lease/db/base.py`` (``Dialect.free``, ``Dialect.ours``); tests/test_states.py
+# proves on each database that both select the same rows.
+
+
+def free_q() -> Q:
+    """Grantable now: enabled, not leased by the database's clock, no quarantine running
+    (the acquire's condition, ``Dialect.free``, without its kind)."""
+    now = DbNow()
+    return Q(enabled=True, busy_before__lte=now) & (Q(quarantined_until__isnull=True) | Q(quarantined_until__lte=now))
+
+
+def live_q() -> Q:
+    """A live grant: not given back (a release or force release clears the token and may
+    leave ``busy_before`` in the future, at the end of a quarantine) and not yet expired."""
+    return Q(busy_before__gt=DbNow()) & ~Q(grant_token="")
+
+
+def expired_q() -> Q:
+    """A grant never given back whose time ran out: the next grant takes it over."""
+    return Q(busy_before__lte=DbNow()) & ~Q(grant_token="")
+
+
+def quarantined_q() -> Q:
+    """Out of service now: a quarantine that has not ended by the database's clock."""
+    return Q(quarantined_until__gt=DbNow())
+
+
+def state_annotations() -> dict[str, Any]:
+    """``state`` (one of ``STATES``, the first that applies: disabled, quarantined, held,
+    expired, free) and ``time_left`` (of a live grant, else None), by the database's clock;
+    for ``QuerySet.annotate`` on any queryset of ``Resource`` or its proxies."""
+    return {
+        "state": Case(
+            When(enabled=False, then=Value(DISABLED)),
+            When(quarantined_q(), then=Value(QUARANTINED)),
+            When(live_q(), then=Value(HELD)),
+            When(~Q(grant_token=""), then=Value(EXPIRED)),
+            default=Value(FREE),
+            output_field=CharField(),
+        ),
+        "time_left": Case(
+            When(live_q(), then=ExpressionWrapper(F("busy_before") - DbNow(), output_field=DurationField())),
+            default=None,
+            output_field=DurationField(),
+        ),
+    }
+
+
 class ResourceQuerySet(models.QuerySet["Resource"]):
+    """The one ORM statement of the lease states (see ``free_q`` and its siblings)."""
+
+    def free(self, kind: str) -> ResourceQuerySet:
+        """The resources of ``kind`` that a grant may take now (enabled, expired or never
+        leased, not quarantined), by the database's clock."""
+        return self.filter(free_q(), kind=kind)
+
+    def live(self) -> ResourceQuerySet:
+        """Resources under a live grant (held now, whatever their quarantine or ``enabled``),
+        by the database's clock."""
+        return self.filter(live_q())
+
+    def expired(self) -> ResourceQuerySet:
+        """Resources whose grant ran out without being given back (whatever their quarantine
+        or ``enabled``), by the database's clock: the next grant takes them over."""
+        return self.filter(expired_q())
+
+    def quarantined(self) -> ResourceQuerySet:
+        """Resources under a quarantine that has not ended, by the database's clock."""
+        return self.filter(quarantined_q())
+
+    def with_state(self) -> ResourceQuerySet:
+        """Annotate ``state`` and ``time_left`` (see ``state_annotations``)."""
+        return self.annotate(**state_annotations())
+
     def pools(self) -> ResourceQuerySet:
         """The pools' resources: everything but the coordination rows."""
         return self.exclude(kind__startswith=COORDINATION_PREFIX)

@@ -13,7 +13,6 @@ from typing import Any
 from django.db import connections
 from django.db.models import (
     Case,
-    CharField,
     Count,
     DateTimeField,
     DurationField,
@@ -29,11 +28,36 @@ from django.dispatch import Signal
 from resource_lease import signals
 from resource_lease.conf import lease_settings
 from resource_lease.db import NOW_SQL, DbNow, as_utc_datetime
-from resource_lease.models import Resource
+from resource_lease.models import (
+    DISABLED,
+    EXPIRED,
+    FREE,
+    HELD,
+    QUARANTINED,
+    STATES,
+    Resource,
+    live_q,
+    quarantined_q,
+    state_annotations,
+)
 from resource_lease.validation import check_alias, check_aware, check_reason, check_seconds
 
-FREE, HELD, EXPIRED, QUARANTINED, DISABLED = "free", "held", "expired", "quarantined", "disabled"
-STATES = (FREE, HELD, EXPIRED, QUARANTINED, DISABLED)
+__all__ = [
+    "DISABLED",
+    "EXPIRED",
+    "FREE",
+    "HELD",
+    "QUARANTINED",
+    "STATES",
+    "counts",
+    "database_now",
+    "force_release",
+    "quarantine",
+    "releasable",
+    "restorable",
+    "restore",
+    "with_state",
+]
 
 ResourceSet = QuerySet[Resource] | Iterable[Resource | int]
 
@@ -74,27 +98,10 @@ def _matched(signal: Signal, queryset: QuerySet[Resource]) -> list[Resource]:
 
 
 def with_state(queryset: QuerySet[Resource]) -> QuerySet[Resource]:
-    """Annotate ``state`` (one of STATES) and ``time_left`` (lease time left), by the DB's clock."""
+    """Annotate ``state`` (one of STATES) and ``time_left`` (lease time left), by the DB's clock
+    (``ResourceQuerySet.with_state``, for any queryset of ``Resource`` or its proxies)."""
     _check_queryset(queryset, "queryset")
-    now = DbNow()
-    return queryset.annotate(
-        state=Case(
-            When(enabled=False, then=Value(DISABLED)),
-            When(quarantined_until__gt=now, then=Value(QUARANTINED)),
-            When(Q(busy_before__gt=now) & ~Q(grant_token=""), then=Value(HELD)),
-            When(~Q(grant_token=""), then=Value(EXPIRED)),
-            default=Value(FREE),
-            output_field=CharField(),
-        ),
-        time_left=Case(
-            When(
-                Q(busy_before__gt=now) & ~Q(grant_token=""),
-                then=ExpressionWrapper(F("busy_before") - now, output_field=DurationField()),
-            ),
-            default=None,
-            output_field=DurationField(),
-        ),
-    )
+    return queryset.annotate(**state_annotations())
 
 
 def counts(queryset: QuerySet[Resource] | None = None) -> dict[str, dict[str, int]]:
@@ -136,6 +143,7 @@ def quarantine(
         end = ExpressionWrapper(DbNow() + length, output_field=DateTimeField())
     else:
         end = Value(check_aware(until, "until"), output_field=DateTimeField())
+    # Not leased now (never leased, given back or expired), whatever its quarantine.
     free = Q(busy_before__lte=DbNow())
     queryset = _queryset(resources, using)
     matched = _matched(signals.resources_quarantined, queryset)
@@ -161,7 +169,7 @@ def restorable(queryset: QuerySet[Resource]) -> QuerySet[Resource]:
 def releasable(queryset: QuerySet[Resource]) -> QuerySet[Resource]:
     """The resources of ``queryset`` that ``force_release()`` would free: those with a live
     lease, by the database's clock."""
-    return queryset.filter(busy_before__gt=DbNow()).exclude(grant_token="")
+    return queryset.filter(live_q())
 
 
 def restore(resources: ResourceSet, *, using: str | None = None) -> int:
@@ -188,7 +196,7 @@ def force_release(resources: ResourceSet, *, using: str | None = None) -> int:
     queryset = releasable(_queryset(resources, using))
     matched = _matched(signals.resources_force_released, queryset)
     count = queryset.update(
-        busy_before=Case(When(quarantined_until__gt=now, then=F("quarantined_until")), default=now),
+        busy_before=Case(When(quarantined_q(), then=F("quarantined_until")), default=now),
         released_at=now,
         grant_token="",
     )

@@ -14,11 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Q
-
 from resource_lease.bulk import insert_many, update_many
-from resource_lease.db import DbNow
-from resource_lease.models import Resource
+from resource_lease.models import Resource, live_q
 from resource_lease.validation import check_text
 
 #: Rows per UPDATE / DELETE batch, and per batch of INSERTs.
@@ -155,7 +152,7 @@ def write(result: Plan, *, kind: str, using: str, progress: Progress = _quiet) -
             Resource.objects.using(using)
             .select_for_update()
             .filter(pk__in=chunk_pks)
-            .filter(Q(grant_token="") | Q(busy_before__lte=DbNow()))
+            .exclude(live_q())
             .values_list("pk", flat=True)
         )
         if free:
@@ -170,12 +167,7 @@ def dry_run_replace(result: Plan, *, using: str) -> None:
     stale = list(result.stale)
     for start in range(0, len(stale), CHUNK):
         chunk_pks = stale[start : start + CHUNK]
-        held = set(
-            Resource.objects.using(using)
-            .filter(pk__in=chunk_pks)
-            .exclude(Q(grant_token="") | Q(busy_before__lte=DbNow()))
-            .values_list("pk", flat=True)
-        )
+        held = set(Resource.objects.using(using).filter(pk__in=chunk_pks).live().values_list("pk", flat=True))
         result.removed.extend(result.stale[pk] for pk in chunk_pks if pk not in held)
         result.kept.extend(_holders(sorted(held), using))
 

@@ -195,7 +195,8 @@ def test_auto_renewed_lease_that_is_garbage_collected_stops_renewing(make_pool) 
 
 
 def test_a_grant_inside_a_transaction_survives_its_rollback_or_is_refused(make_pool) -> None:
-    """Never a grant that the caller's rollback silently undoes (PITFALLS, scenario 8)."""
+    """Never a grant that the caller's rollback silently undoes: acquiring inside an outer
+    atomic() either works on its own connection or refuses clearly."""
     from django.db import connection
 
     from resource_lease.db import dialect_class
@@ -380,7 +381,7 @@ def test_bad_quarantine_arguments_are_refused_and_change_nothing(make_pool) -> N
 
 
 def test_mysql_engine_connections_count_matched_rows_whatever_client_flag_the_user_set(make_pool) -> None:
-    """PITFALLS 1: an OPTIONS["client_flag"] replaces Django's CLIENT.FOUND_ROWS. The engine's
+    """An OPTIONS["client_flag"] replaces Django's CLIENT.FOUND_ROWS. The engine's
     own connections must still count matched rows (and take several statements per query)."""
     from django.db import connection
 

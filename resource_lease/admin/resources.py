@@ -30,7 +30,6 @@ from django.utils.text import capfirst
 from resource_lease import pool
 from resource_lease.audit import acting_as
 from resource_lease.conf import lease_settings
-from resource_lease.db import DbNow
 from resource_lease.display import (
     current_holder,
     database_time,
@@ -337,7 +336,7 @@ class ResourceAdmin(admin.ModelAdmin):
         if "apply" in request.POST:
             form = QuarantineForm(request.POST)
             if form.is_valid():
-                still_held = queryset.filter(busy_before__gt=DbNow()).exclude(grant_token="").count()
+                still_held = pool.releasable(queryset).count()
                 seconds, reason = form.cleaned_data["duration"], form.cleaned_data["reason"]
                 with acting_as(_actor(request)):
                     count = pool.quarantine(pks, reason=reason, seconds=seconds, using=queryset.db)

@@ -66,8 +66,9 @@ class Dialect:
         self.connection = connection
         p = self.placeholder
         now = self.now_sql
-        # Where the lease condition of a grant is checked: ours (holder and fence, never
-        # "changed rows", see PITFALLS 1), not given back (a release or force release clears
+        # Where the lease condition of a grant is checked: ours (holder and fence in the
+        # WHERE, because Django's MySQL backend counts the rows an UPDATE matched, not the
+        # rows it changed), not given back (a release or force release clears
         # the token, and may leave busy_before in the future: the end of a quarantine), and
         # not yet expired by the database's clock.
         self.ours = f"id = {p} AND holder = {p} AND fence = {p} AND grant_token <> '' AND busy_before > {now}"

@@ -1,6 +1,7 @@
 """The engine's own database connections: one per thread and alias, never the caller's.
 
-A grant must not be undone by the caller's rollback (PITFALLS, scenario 8), and the lease
+A grant must not be undone by the caller's rollback (a grant made inside the caller's
+``atomic()`` would vanish with it while the caller believed it held), and the lease
 statements want session settings (UTC, READ COMMITTED, a bounded lock wait) that are not
 ours to impose on the caller's connection. So every lease statement runs in autocommit on a
 private copy of the alias's Django connection, owned by the calling thread.

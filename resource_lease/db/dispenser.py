@@ -1,14 +1,15 @@
 """The dispenser's statements: claim, renew, finish, give back work items, per vendor.
 
 Every race over an item is decided by one conditional UPDATE judged by the database's clock,
-with every ownership condition (worker, state, live claim, fence) in its WHERE: MySQL counts
-matched rows (PITFALLS 1). Claims pick rows with ``FOR UPDATE SKIP LOCKED`` where the vendor
-has it, so concurrent assigns spread over the pending items instead of queueing on one.
+with every ownership condition (worker, state, live claim, fence) in its WHERE: Django's MySQL
+backend counts the rows an UPDATE matched, not the rows it changed. Claims pick rows with
+``FOR UPDATE SKIP LOCKED`` where the vendor has it, so concurrent assigns spread over the
+pending items instead of queueing on one.
 
 A claim writes a fresh random token on every row it takes; the assign then reads its rows
-back by that token. The same read settles an assign whose connection was lost (PITFALLS 9),
-and MySQL, which has no ``UPDATE ... RETURNING``, needs no other path. Outcome statements
-(done, fail, release) write a token of their own too, so a count lost with the connection is
+back by that token. The same read settles an assign whose connection was lost during its
+commit (its outcome unknown), and MySQL, which has no ``UPDATE ... RETURNING``, needs no
+other path. Outcome statements (done, fail, release) write a token of their own too, so a count lost with the connection is
 settled by counting rows with that token.
 """
 

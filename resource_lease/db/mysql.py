@@ -2,11 +2,14 @@
 
 Neither has UPDATE ... RETURNING. ``SET id = LAST_INSERT_ID(id)`` makes the server remember
 the updated row's id, so the race is decided by one statement on the lease table's own
-columns (PITFALLS 2) and the row is then read by that id and the grant's token. The read
-travels in the same round trip as the UPDATE: the engine's own connections are opened with
+columns (on MySQL, an ORM update whose filter needs a join or a subquery on the same table
+is split into a SELECT and an UPDATE that does not re-check it, so two workers could both
+win) and the row is then read by that id and the grant's token. The read travels in the
+same round trip as the UPDATE: the engine's own connections are opened with
 CLIENT.MULTI_STATEMENTS, and the two statements are sent as one query (each still its own
 autocommit transaction, the UPDATE's result read first). rowcount counts matched rows
-(CLIENT.FOUND_ROWS, PITFALLS 1): every condition that decides ownership is in the WHERE.
+(CLIENT.FOUND_ROWS, which an ``OPTIONS["client_flag"]`` in settings would silently drop):
+every condition that decides ownership is in the WHERE.
 
 On a MariaDB Galera node (``wsrep_on``) the sessions also wait for causality, errors of nodes
 that cannot serve are classified, and an alias that lists several nodes fails over between
@@ -36,7 +39,8 @@ _DISCONNECT = {2002, 2003, 2006, 2013, 2026, 2055, 4031, 1053, 1927}
 
 class MySQLDialect(Dialect):
     vendor = "mysql"
-    # UTC whatever the session time zone (PITFALLS 3), with microseconds (PITFALLS 4).
+    # UTC whatever the session time zone (NOW() follows the session's zone), with
+    # microseconds (NOW() without (6) has whole seconds, Django's columns have six digits).
     now_sql = NOW_SQL["mysql"]
     on_conflict_keep = "ON DUPLICATE KEY UPDATE id = id"
 
@@ -69,7 +73,7 @@ class MySQLDialect(Dialect):
         try:
             # READ COMMITTED takes no gap locks, so acquires and releases on the
             # (kind, busy_before) index deadlock less; a bounded lock wait keeps a
-            # renewal from hanging past its ttl (PITFALLS 7).
+            # renewal from hanging past its ttl (innodb_lock_wait_timeout is 50 s by default).
             cursor.execute(
                 "SET SESSION time_zone = '+00:00', SESSION innodb_lock_wait_timeout = %s",
                 (max(1, round(lock_wait_timeout)),),
@@ -116,7 +120,7 @@ class MySQLDialect(Dialect):
         # FORCE INDEX and ORDER BY the whole index prefix: without them a small table is
         # planned as a scan plus filesort that reads and locks every free row of the kind,
         # so one open transaction on any of them (a fenced write) held up every acquire
-        # (PITFALLS 6).
+        # (InnoDB's UPDATE locks every index record it scans).
         index = f"FORCE INDEX ({ACQUIRE_INDEX})"
         kind_first = bool(self.connection.features.has_select_for_update_skip_locked)
         if kind_first:
@@ -145,7 +149,8 @@ class MySQLDialect(Dialect):
     def connect_options(options: dict[str, Any], io_timeout: float) -> None:
         from MySQLdb.constants import CLIENT
 
-        # Matched rows, never "changed rows" (PITFALLS 1), whatever flags the user set; and
+        # Matched rows, never "changed rows" (Django's backend sets CLIENT.FOUND_ROWS, but an
+        # OPTIONS["client_flag"] in settings replaces it), whatever flags the user set; and
         # several statements per query, so a grant and its read share one round trip.
         options["client_flag"] = int(options.get("client_flag", 0)) | CLIENT.FOUND_ROWS | CLIENT.MULTI_STATEMENTS
         # A renewal must fail, not hang, when the server stops answering.

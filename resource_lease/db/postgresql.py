@@ -17,7 +17,8 @@ _DISCONNECT_PREFIXES = ("08", "57P0")
 class PostgreSQLDialect(Dialect):
     vendor = "postgresql"
     # statement_timestamp() is the statement's start even inside a transaction (now() is
-    # frozen at BEGIN, PITFALLS 3) and, being stable, lets the planner use the index.
+    # frozen at the transaction's BEGIN, so a long transaction would judge expiries by an
+    # old clock) and, being stable, lets the planner use the index.
     now_sql = NOW_SQL["postgresql"]
 
     def expiry_sql(self) -> str:

@@ -17,10 +17,12 @@ _URL = re.compile(r"^(?P<scheme>[a-z0-9+.-]+://)(?P<userinfo>[^@/]*@)?(?P<hosts>
 def database_from_url(url: str, *, test_dir: Path | None = None) -> dict[str, Any]:
     """A DATABASES entry for ``url`` (mysql://, postgres://, sqlite://) set up for leasing.
 
-    - MySQL/MariaDB: UTC session time zone whatever the server's (PITFALLS 3), utf8mb4,
+    - MySQL/MariaDB: UTC session time zone whatever the server's (``NOW()`` and
+      ``CURRENT_TIMESTAMP`` follow the session's zone while Django stores UTC), utf8mb4,
       READ COMMITTED.
     - SQLite: WAL, a busy timeout and IMMEDIATE transactions so several processes can lease
-      at once (PITFALLS 10); tests use a file (``test_dir``), never memory, so worker
+      at once (SQLite has no ``SELECT ... FOR UPDATE``, and without these concurrent writers
+      fail with "database is locked"); tests use a file (``test_dir``), never memory, so worker
       processes see the same database.
     - PostgreSQL: as dj-database-url gives it.
     - MariaDB Galera: ``mysql://user:pw@node1:3306,node2:3306,node3:3306/name`` lists the

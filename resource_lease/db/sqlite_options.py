@@ -1,5 +1,6 @@
-"""What an SQLite database shared by several processes needs (PITFALLS 10), checked from its
-``DATABASES`` entry: WAL, a busy timeout, and IMMEDIATE transactions.
+"""What an SQLite database shared by several processes needs, checked from its ``DATABASES``
+entry: WAL, a busy timeout, and IMMEDIATE transactions (SQLite has no ``SELECT ... FOR
+UPDATE``; without these, concurrent writers fail with "database is locked").
 
 - Without WAL, a writer blocks every reader, and a reader every writer: a renewal waits on
   the admin's list page.
