@@ -228,7 +228,9 @@ def test_invalid_resources_are_quarantined_with_a_reason_and_skipped(make_pool: 
         Resource.objects.create(kind="h", name=f"bad-{i}", data={"valid": False}, busy_before=OLD + dt.timedelta(i))
         for i in range(2)
     ]
-    holder = holders(cls, quarantine_seconds=300)
+    # A ttl long enough that the unrenewed lease outlasts the test on a loaded machine (at 1 s,
+    # `other` below could take the good resource after it expired).
+    holder = holders(cls, quarantine_seconds=300, ttl=30)
     lease = holder.acquire(timeout=10)
     assert holder.holding and not holder.lost
     assert holder.lease is lease and holder.resource.pk == good.pk and holder.fence == lease.fence == 1

@@ -72,12 +72,14 @@ def assert_all_done_exactly_once(d: Dispenser, keys: list[str], ledger: Ledger) 
     assert d.counts() == {"pending": 0, "assigned": 0, "done": len(keys), "failed": 0}
 
 
-def drain(spawn_worker, tmp_path: Path, name: str, *flags: str) -> tuple[Dispenser, list[str], Ledger]:
+def drain(
+    spawn_worker, tmp_path: Path, name: str, *flags: str, hold: float = 0.05
+) -> tuple[Dispenser, list[str], Ledger]:
     d = Dispenser(name)
     keys = [f"item-{i:04d}" for i in range(DRAIN_ITEMS)]
     d.put({k: {"n": i} for i, k in enumerate(keys)})
-    # Each item takes 50 ms, so one worker alone would need seconds: the others, however slowly
-    # a loaded machine starts them, join in before the pool is empty.
+    # Each item takes `hold` (50 ms), so one worker alone would need seconds: the others, however
+    # slowly a loaded machine starts them, join in before the pool is empty.
     procs = [
         start(
             spawn_worker,
@@ -110,7 +112,8 @@ def test_several_workers_drain_the_pool_each_item_done_exactly_once(spawn_worker
 def test_negative_control_an_unconditional_claim_is_caught(spawn_worker, tmp_path: Path) -> None:
     """The same check must catch an assign that reads pending items, then claims them with an
     unconditional UPDATE: two workers then work one item."""
-    _d, _keys, ledger = drain(spawn_worker, tmp_path, "naive-assign", "--naive-assign")
+    # No hold: the broken assign's read-then-claim window matters only while claims come fast.
+    _d, _keys, ledger = drain(spawn_worker, tmp_path, "naive-assign", "--naive-assign", hold=0.0)
     twice = {k: n for k, n in ledger.worked.items() if n > 1}
     print(f"negative control (assign): {len(twice)} items worked twice or more")
     assert twice, "the check did not notice a broken assign"
