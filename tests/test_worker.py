@@ -112,8 +112,7 @@ def test_several_workers_drain_the_pool_each_item_done_exactly_once(spawn_worker
 def test_negative_control_an_unconditional_claim_is_caught(spawn_worker, tmp_path: Path) -> None:
     """The same check must catch an assign that reads pending items, then claims them with an
     unconditional UPDATE: two workers then work one item."""
-    # No hold: the broken assign's read-then-claim window matters only while claims come fast.
-    _d, _keys, ledger = drain(spawn_worker, tmp_path, "naive-assign", "--naive-assign", hold=0.0)
+    _d, _keys, ledger = drain(spawn_worker, tmp_path, "naive-assign", "--naive-assign")
     twice = {k: n for k, n in ledger.worked.items() if n > 1}
     print(f"negative control (assign): {len(twice)} items worked twice or more")
     assert twice, "the check did not notice a broken assign"
