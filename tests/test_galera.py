@@ -438,10 +438,14 @@ def test_node_killed_or_paused_under_holders_then_rejoins(
     print(f"galera node {fault}: {verdict.summary()} {figures}")
     assert verdict.violations == 0, verdict.summary()
     assert len(done) == 1, survivor_events
-    if fault == "kill":
-        assert done[0]["held"] and done[0]["released"], survivor_events
-    else:  # kept, or lost loudly (never both trusted by it and granted to another: the ledger)
-        assert done[0]["held"] or any(e["ev"] == "lost" for e in survivor_events), survivor_events
+    # The holder listing every node moves its renewals to another node and keeps its lease
+    # (the usual outcome) or, when a renewal waited behind a row lock the dead node's in-flight
+    # transaction left (up to LOCK_WAIT_TIMEOUT) on top of the eviction stall, loses it loudly:
+    # with this test's short ttl either can happen; never is it both trusted and granted to
+    # another (the ledger above).
+    kept = done[0]["held"] and done[0]["released"]
+    assert kept or any(e["ev"] == "lost" for e in survivor_events), survivor_events
+    print(f"galera node {fault}: the holder listing every node {'kept' if kept else 'lost (loudly)'} its lease")
     assert any(e["ev"] == "lost" for e in single_events), single_events
     assert regrant, "the resource of the holder whose only node died never came back"
     assert moved, "no grant was made after the kill"
