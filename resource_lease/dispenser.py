@@ -274,6 +274,18 @@ class Dispenser:
             items = items[:limit]
         return items
 
+    def _outcomes(
+        self, method: str, worker: str, keys: list[str], fences: list[int] | None, what: str, **extra: Any
+    ) -> int:
+        """Run the outcome statement ``method`` over ``keys`` (and their fences) in chunks;
+        how many rows it changed in all."""
+        total = 0
+        for i, chunk in enumerate(_chunks(keys)):
+            fchunk = None if fences is None else fences[i * CHUNK : (i + 1) * CHUNK]
+            statement = _tokened(method, dispenser=self.name, worker=worker, keys=chunk, fences=fchunk, **extra)
+            total += self._outcome(worker, statement, what)
+        return total
+
     def _outcome(self, worker: str, statement: Any, what: str) -> int:
         """Run an outcome statement ``statement(dialect, cursor, token)`` that writes a fresh
         token on the rows it changes; a count lost with the connection is settled by running
@@ -317,17 +329,9 @@ class Dispenser:
         worker = check_name(worker, "worker")
         key_list, fences = self._keys(keys)
         result = check_payload(result, "result")
-        if not key_list:
-            return 0
-        total = 0
-        for i, chunk in enumerate(_chunks(key_list)):
-            fchunk = None if fences is None else fences[i * CHUNK : (i + 1) * CHUNK]
-            total += self._outcome(
-                worker,
-                _tokened("done", dispenser=self.name, worker=worker, keys=chunk, fences=fchunk, result=result),
-                f"marking items of {self.name!r} done for {worker!r}",
-            )
-        return total
+        return self._outcomes(
+            "done", worker, key_list, fences, f"marking items of {self.name!r} done for {worker!r}", result=result
+        )
 
     def fail(self, worker: str, keys: Iterable[str | WorkItem], error: str = "") -> int:
         """Give items back as failed attempts: to the pool, or failed for good once their
@@ -337,25 +341,15 @@ class Dispenser:
         if not isinstance(error, str):
             raise ValueError(f"error must be a string, got {error!r}")
         error = check_text(error, "error")
-        if not key_list:
-            return 0
-        total = 0
-        for i, chunk in enumerate(_chunks(key_list)):
-            fchunk = None if fences is None else fences[i * CHUNK : (i + 1) * CHUNK]
-            total += self._outcome(
-                worker,
-                _tokened(
-                    "fail",
-                    dispenser=self.name,
-                    worker=worker,
-                    keys=chunk,
-                    fences=fchunk,
-                    error=error,
-                    max_attempts=self.max_attempts,
-                ),
-                f"failing items of {self.name!r} for {worker!r}",
-            )
-        return total
+        return self._outcomes(
+            "fail",
+            worker,
+            key_list,
+            fences,
+            f"failing items of {self.name!r} for {worker!r}",
+            error=error,
+            max_attempts=self.max_attempts,
+        )
 
     def release(self, worker: str, keys: Iterable[str | WorkItem] | None = None) -> int:
         """Give the worker's live claims (all, or these) back to the pool, not counted as
