@@ -109,9 +109,30 @@ class _DjangoSQL:
 
 
 class Floor(_DjangoSQL):
-    """Two primary-key UPDATEs per cycle: the least any lease on this table can cost."""
+    """Two primary-key UPDATEs of ``holder`` per cycle: the least any write-per-step lock on this
+    table can cost (no indexed column moves, so no index entry is rewritten)."""
 
     name = "floor"
+
+    def __init__(self, *, pk: int, **_: Any) -> None:
+        super().__init__()
+        self.pk = pk
+        self.take_sql = f"UPDATE {self.table} SET holder = %s WHERE id = %s"
+        self.free_sql = f"UPDATE {self.table} SET holder = '' WHERE id = %s"
+
+    def acquire(self) -> Any:
+        self.cursor.execute(self.take_sql, (self.holder, self.pk))
+        return self.pk
+
+    def release(self, handle: Any) -> None:
+        self.cursor.execute(self.free_sql, (handle,))
+
+
+class LeaseFloor(_DjangoSQL):
+    """Two primary-key UPDATEs that move ``busy_before`` (and set ``holder``): the least a lease
+    on this table can cost, since a lease must move its expiry, which the acquire index holds."""
+
+    name = "lease-floor"
 
     def __init__(self, *, ttl: float, pk: int, **_: Any) -> None:
         super().__init__()
@@ -222,8 +243,8 @@ class GetLocks(_NamedLocks, _DjangoSQL):
         self.cursor.fetchall()
 
 
-CONTENDERS: dict[str, type[Engine | Floor | Original | RedisLocks | GetLocks]] = {
-    cls.name: cls for cls in (Engine, Floor, Original, RedisLocks, GetLocks)
+CONTENDERS: dict[str, type[Engine | Floor | LeaseFloor | Original | RedisLocks | GetLocks]] = {
+    cls.name: cls for cls in (Engine, Floor, LeaseFloor, Original, RedisLocks, GetLocks)
 }
 
 

@@ -20,7 +20,14 @@ Doc = dict[str, Any]
 
 STYLE: dict[str, dict[str, Any]] = {
     "engine": {"color": "tab:blue", "marker": "o", "linewidth": 2.4, "label": "resource_lease (engine)"},
-    "floor": {"color": "black", "marker": "s", "linestyle": "--", "linewidth": 1.4, "label": "floor: 2 PK UPDATEs"},
+    "floor": {"color": "black", "marker": "s", "linestyle": "--", "linewidth": 1.4, "label": "floor: 2 PK UPDATEs of holder"},
+    "lease-floor": {
+        "color": "dimgray",
+        "marker": "x",
+        "linestyle": ":",
+        "linewidth": 1.4,
+        "label": "lease floor: 2 PK UPDATEs moving busy_before",
+    },
     "original": {"color": "tab:red", "marker": "^", "linewidth": 1.6, "label": "original SELECT+UPDATE"},
     "redis": {"color": "tab:green", "marker": "D", "linewidth": 1.4, "label": "redis-py Lock"},
     "getlock": {"color": "tab:purple", "marker": "v", "linewidth": 1.4, "label": "GET_LOCK"},
@@ -81,6 +88,7 @@ def _cycle_rows(doc: Doc, point_key: str) -> list[list[str]]:
                         name,
                         _f(r["cycles_per_s"], 0),
                         _f(r.get("x_floor"), 2),
+                        _f(r.get("x_lease_floor"), 2),
                         _f(r["p50_ms"], 2),
                         _f(r["p99_ms"], 2),
                         _f(r["lost_per_cycle"], 2),
@@ -98,6 +106,7 @@ CYCLE_HEADER = [
     "contender",
     "cycles/s",
     "x floor",
+    "x lease floor",
     "p50 ms",
     "p99 ms",
     "lost/cyc",

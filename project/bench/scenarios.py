@@ -51,6 +51,8 @@ class Plan:
     renew_ttl: float = 9.0
     #: A whole number of renew intervals (ttl/3), so every lease renews equally often in it.
     renew_duration: float = 12.0
+    #: Only these contenders in the cycle and pool scenarios (None: every one available).
+    contenders: tuple[str, ...] | None = None
 
     def adjusted(self, **changes: Any) -> Plan:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
@@ -102,12 +104,17 @@ class Context:
 
 def contenders(ctx: Context) -> list[str]:
     """The contenders this database and machine offer (GET_LOCK is MySQL's; Redis may be absent)."""
-    names = ["engine", "floor", "original"]
+    names = ["engine", "floor", "lease-floor", "original"]
     if ctx.redis_url:
         names.append("redis")
     if vendor.has_get_lock(ctx.target):
         names.append("getlock")
-    return names
+    return _chosen(ctx, names)
+
+
+def _chosen(ctx: Context, names: list[str]) -> list[str]:
+    wanted = ctx.plan.contenders
+    return names if wanted is None else [name for name in names if name in wanted]
 
 
 def _merge(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -123,7 +130,9 @@ def _merge(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _summarise(windows: list[dict[str, Any]], floor: list[dict[str, Any]] | None) -> dict[str, Any]:
+def _summarise(
+    windows: list[dict[str, Any]], floor: list[dict[str, Any]] | None, lease_floor: list[dict[str, Any]] | None
+) -> dict[str, Any]:
     cycles = sum(w["cycles"] for w in windows)
     rates = [w["rate"] for w in windows]
     summary: dict[str, Any] = {
@@ -147,6 +156,9 @@ def _summarise(windows: list[dict[str, Any]], floor: list[dict[str, Any]] | None
     if floor:
         floor_rate = sum(w["rate"] for w in floor)
         summary["x_floor"] = sum(rates) / floor_rate if floor_rate else None
+    if lease_floor:
+        lease_floor_rate = sum(w["rate"] for w in lease_floor)
+        summary["x_lease_floor"] = sum(rates) / lease_floor_rate if lease_floor_rate else None
     return summary
 
 
@@ -201,7 +213,7 @@ def _measure(
             window["server"] = {key: after[key] - before[key] for key in before}
             windows[name].append(window)
             ctx.say(f"  {point} round {r + 1}/{plan.rounds} {name}: {windows[name][-1]['rate']:.0f} cycles/s")
-    return {name: _summarise(windows[name], windows.get("floor")) for name in names}
+    return {name: _summarise(windows[name], windows.get("floor"), windows.get("lease-floor")) for name in names}
 
 
 def cycle_throughput(ctx: Context) -> dict[str, Any]:
@@ -228,7 +240,7 @@ def pool_size(ctx: Context) -> dict[str, Any]:
     """Scenario 2: the same cycles at growing pool sizes (engine flat, original not)."""
     plan = ctx.plan
     kind = kind_for("pool")
-    names = ["engine", "original", "floor"]
+    names = _chosen(ctx, ["engine", "original", "floor", "lease-floor"])
     points = []
     for size in plan.pool_sizes:
         ctx.say(f"  seeding {size} resources")

@@ -19,6 +19,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
 from project.bench import report, vendor
+from project.bench.baselines import CONTENDERS
 from project.bench.scenarios import FULL, SCENARIOS, SMOKE, Context
 from project.bench.targets import clean, prepare, resolve
 from project.bench.workers import WorkerError, Workers
@@ -62,6 +63,18 @@ def _scenarios(text: str) -> list[str]:
     return names
 
 
+def _contenders(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [name for name in names if name not in CONTENDERS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown contender {', '.join(unknown) or text!r}; choose from {', '.join(CONTENDERS)}"
+        )
+    if "engine" not in names:
+        raise argparse.ArgumentTypeError("the engine is what is measured: include 'engine'")
+    return names
+
+
 class Command(BaseCommand):
     help = (
         "Benchmark resource_lease against the SQL floor, the original SELECT+UPDATE algorithm, "
@@ -97,6 +110,11 @@ class Command(BaseCommand):
         parser.add_argument("--processes", type=_int_list, help="cycle scenario's process counts, e.g. 1,2,4,8")
         parser.add_argument("--pool-sizes", type=_int_list, help="pool scenario's sizes, e.g. 40,1000,20000")
         parser.add_argument(
+            "--contenders",
+            type=_contenders,
+            help=f"only these in the cycle and pool scenarios, comma-separated: {', '.join(CONTENDERS)}",
+        )
+        parser.add_argument(
             "--profile",
             action="store_true",
             help="cProfile the engine's workers in the cycle scenarios and print where the time goes "
@@ -125,6 +143,7 @@ class Command(BaseCommand):
             rounds=options["rounds"],
             processes=options["processes"],
             pool_sizes=options["pool_sizes"],
+            contenders=options["contenders"],
         )
         names: list[str] = options["scenario"] or list(SCENARIOS)
         names = list(dict.fromkeys(names))
