@@ -42,6 +42,11 @@ class LeaseSettings:
     #: Seconds a lease statement may wait for a row lock (MySQL innodb_lock_wait_timeout,
     #: PostgreSQL lock_timeout) so a renewal cannot hang past its ttl.
     LOCK_WAIT_TIMEOUT: float = 5.0
+    #: Seconds a thread keeps its sample of a kind's free resource ids, which ``acquire()``
+    #: tries by primary key before it scans the pool (see ``resource_lease.picking``): a new
+    #: resource is tried by probes at most this long after it was added (the scan finds it
+    #: at once). 0 turns probing off: every acquire scans, least recently used first.
+    PROBE_REFRESH: float = 1.0
     #: Default quarantine length (seconds) for a resource found invalid.
     QUARANTINE_SECONDS: float = 3600.0
     #: Keep an audit trail of lease events (``LeaseEvent``): grants, take-overs, releases,
@@ -163,6 +168,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "BACKOFF_MAX": _seconds(),
     "TRANSIENT_RETRIES": _count(minimum=0),
     "LOCK_WAIT_TIMEOUT": _seconds(),
+    "PROBE_REFRESH": _seconds(allow_zero=True),
     "QUARANTINE_SECONDS": _seconds(),
     "AUDIT": _bool,
     "AUDIT_FLUSH_INTERVAL": _seconds(),

@@ -90,6 +90,10 @@ class Dialect:
 
     true = "TRUE"
     false = "FALSE"
+    #: Between the table and WHERE of a read of the acquire index (MySQL names the index).
+    index_hint = ""
+    #: The acquire index's order for the free rows of one kind.
+    free_order = "busy_before"
     #: ``INSERT ... <this>``: a row whose (kind, name) exists already is kept as it is.
     on_conflict_keep = "ON CONFLICT (kind, name) DO NOTHING"
 
@@ -126,6 +130,16 @@ class Dialect:
     def acquire(self, cursor: Any, *, kind: str, holder: str, token: str, ttl: float) -> Row | None:
         """Grant any free resource of ``kind`` in one conditional statement; return its row."""
         raise NotImplementedError
+
+    def free_ids(self, cursor: Any, *, kind: str, limit: int) -> list[int]:
+        """Ids of up to ``limit`` rows of ``kind`` free now, least recently used first: the
+        sample ``acquire()`` probes (a hint only: every grant re-checks the row)."""
+        cursor.execute(
+            f"SELECT id FROM {self.table} {self.index_hint} WHERE {self.free}"
+            f" ORDER BY {self.free_order} LIMIT {int(limit)}",
+            (kind,),
+        )
+        return [row[0] for row in cursor.fetchall()]
 
     def grant(self, cursor: Any, *, pk: int, kind: str, holder: str, token: str, ttl: float) -> Row | None:
         """Grant one chosen resource (the holder's lock step) if it is free; return its row.

@@ -31,6 +31,7 @@ from resource_lease.conf import lease_settings
 from resource_lease.db import dialect_class
 from resource_lease.db.base import Dialect, Failure
 from resource_lease.exceptions import LeaseDatabaseError
+from resource_lease.picking import Picker
 
 logger = logging.getLogger("resource_lease")
 
@@ -71,6 +72,8 @@ class LeaseConnection:
         self.dialect_class.connect_options(settings_dict["OPTIONS"], io_timeout)
         self.wrapper: BaseDatabaseWrapper = type(base)(settings_dict, alias)
         self.dialect: Dialect = self.dialect_class(self.wrapper)
+        #: Which rows this thread's acquires try first (kept across reconnects).
+        self.picker = Picker()
         self.pid = os.getpid()
         self._session_of: Any = None
         _live.add(self)

@@ -43,6 +43,9 @@ class MySQLDialect(Dialect):
     # microseconds (NOW() without (6) has whole seconds, Django's columns have six digits).
     now_sql = NOW_SQL["mysql"]
     on_conflict_keep = "ON DUPLICATE KEY UPDATE id = id"
+    # See _acquire_sql: the planner must be told to walk the acquire index in its order.
+    index_hint = f"FORCE INDEX ({ACQUIRE_INDEX})"
+    free_order = "kind, busy_before"
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         super().__init__(connection)
@@ -121,7 +124,7 @@ class MySQLDialect(Dialect):
         # planned as a scan plus filesort that reads and locks every free row of the kind,
         # so one open transaction on any of them (a fenced write) held up every acquire
         # (InnoDB's UPDATE locks every index record it scans).
-        index = f"FORCE INDEX ({ACQUIRE_INDEX})"
+        index = self.index_hint
         kind_first = bool(self.connection.features.has_select_for_update_skip_locked)
         if kind_first:
             # MariaDB 10.6+ / MySQL 8: the row is chosen by a locking read that skips rows
