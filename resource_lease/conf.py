@@ -36,11 +36,13 @@ class LeaseSettings:
     #: First and largest pause (seconds) between attempts while waiting for a resource.
     BACKOFF_BASE: float = 0.02
     BACKOFF_MAX: float = 1.0
-    #: Retries of a statement the database aborted for a transient reason
-    #: (deadlock, lock wait timeout, serialization failure, SQLite busy).
+    #: Retries of a statement the database rolled back for a transient reason (deadlock,
+    #: serialization failure, a Galera certification conflict; docs/pitfalls.md#read-committed).
+    #: A lock wait timeout is not retried: it has already waited LOCK_WAIT_TIMEOUT.
     TRANSIENT_RETRIES: int = 8
     #: Seconds a lease statement may wait for a row lock (MySQL innodb_lock_wait_timeout,
-    #: PostgreSQL lock_timeout) so a renewal cannot hang past its ttl.
+    #: PostgreSQL lock_timeout) so a renewal cannot hang past its ttl
+    #: (docs/pitfalls.md#lock-wait).
     LOCK_WAIT_TIMEOUT: float = 5.0
     #: Seconds a thread keeps its sample of a kind's free resource ids, which ``acquire()``
     #: tries by primary key before it scans the pool (see ``resource_lease.picking``): a new
