@@ -47,7 +47,10 @@ class LeaseSettings:
     #: Seconds a thread keeps its sample of a kind's free resource ids, which ``acquire()``
     #: tries by primary key before it scans the pool (see ``resource_lease.picking``): a new
     #: resource is tried by probes at most this long after it was added (the scan finds it
-    #: at once). 0 turns probing off: every acquire scans, least recently used first.
+    #: at once), and on MySQL/MariaDB, where a probed row's name and data come from the
+    #: sample, a changed payload is returned at most this long after the change (quarantine
+    #: and disabling count at once everywhere). 0 turns probing off: every acquire scans,
+    #: least recently used first.
     PROBE_REFRESH: float = 1.0
     #: Default quarantine length (seconds) for a resource found invalid.
     QUARANTINE_SECONDS: float = 3600.0

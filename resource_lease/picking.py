@@ -25,6 +25,7 @@ granted is random, not least recently used.
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 import time
 from typing import Any
@@ -41,15 +42,34 @@ SMOOTHING = 0.1
 MIN_PROBE_RATE = 0.05
 
 
+class Clock:
+    """The database's clock as of a read, carried forward on this machine's monotonic clock."""
+
+    __slots__ = ("at", "read_at")
+
+    def __init__(self, at: dt.datetime, read_at: float) -> None:
+        self.at = at
+        self.read_at = read_at
+
+    def now(self) -> dt.datetime:
+        """An estimate of the database's clock now (off by a round trip and by drift)."""
+        return self.at + dt.timedelta(seconds=time.monotonic() - self.read_at)
+
+
 class KindSample:
-    """One thread's view of one kind: ids that were free, and how often probing them paid."""
+    """One thread's view of one kind: rows that were free, and how often probing them paid."""
 
-    __slots__ = ("ids", "refresh_at", "hit_rate")
+    __slots__ = ("rows", "clock", "refresh_at", "hit_rate")
 
-    def __init__(self, ids: list[int], refresh_at: float, hit_rate: float) -> None:
-        self.ids = ids
+    def __init__(self, rows: list[Row], clock: Clock | None, refresh_at: float, hit_rate: float) -> None:
+        self.rows = rows
+        self.clock = clock
         self.refresh_at = refresh_at
         self.hit_rate = hit_rate
+
+    @property
+    def ids(self) -> list[int]:
+        return [row[0] for row in self.rows]
 
 
 class Picker:
@@ -68,8 +88,12 @@ class Picker:
         now = time.monotonic()
         if entry is None or now >= entry.refresh_at:
             refresh = float(lease_settings.PROBE_REFRESH)
-            ids = dialect.free_ids(cursor, kind=kind, limit=SAMPLE_SIZE) if refresh > 0 else []
-            entry = self.kinds[kind] = KindSample(ids, now + refresh, 1.0 if entry is None else entry.hit_rate)
+            rows: list[Row] = []
+            clock = None
+            if refresh > 0:
+                rows, db_now = dialect.free_rows(cursor, kind=kind, limit=SAMPLE_SIZE)
+                clock = Clock(dialect.to_datetime(db_now), time.monotonic())
+            entry = self.kinds[kind] = KindSample(rows, clock, now + refresh, 1.0 if entry is None else entry.hit_rate)
         return entry
 
     def grant_any(self, dialect: Dialect, cursor: Any, *, kind: str, holder: str, token: str, ttl: float) -> Row | None:
@@ -77,15 +101,18 @@ class Picker:
         then the scan. Both are conditional single statements under the same token, and at
         most one of them grants, so a lost answer is settled by the token as before."""
         entry = self.sample(dialect, cursor, kind)
-        ids = entry.ids
-        if ids and (entry.hit_rate >= 1.0 or random.random() < max(entry.hit_rate, MIN_PROBE_RATE)):
-            pk = ids[random.randrange(len(ids))]
+        rows = entry.rows
+        if rows and (entry.hit_rate >= 1.0 or random.random() < max(entry.hit_rate, MIN_PROBE_RATE)):
+            i = random.randrange(len(rows))
             self.probes += 1
-            row = dialect.grant(cursor, pk=pk, kind=kind, holder=holder, token=token, ttl=ttl)
+            row = dialect.grant_sampled(
+                cursor, sampled=rows[i], kind=kind, holder=holder, token=token, ttl=ttl, clock=entry.clock
+            )
             if row is not None:
                 self.probe_hits += 1
                 entry.hit_rate += SMOOTHING * (1.0 - entry.hit_rate)
                 return row
             entry.hit_rate -= SMOOTHING * entry.hit_rate
-            ids.remove(pk)  # taken (or gone): not probed again until the next refresh
+            rows[i] = rows[-1]  # taken (or gone): not probed again until the next refresh
+            rows.pop()
         return dialect.acquire(cursor, kind=kind, holder=holder, token=token, ttl=ttl)

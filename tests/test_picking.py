@@ -70,13 +70,56 @@ def test_a_quarantined_or_disabled_row_in_the_sample_is_not_granted(make_pool: A
     assert granted == {rows[2].pk, rows[3].pk}
 
 
-def test_a_changed_payload_is_what_the_grant_returns(make_pool: Any) -> None:
+def test_a_changed_payload_is_returned_within_one_refresh(make_pool: Any, settings: Any) -> None:
+    """PostgreSQL and SQLite return the row as granted (so at once); MySQL builds it from the
+    sample, which is read again after PROBE_REFRESH."""
+    settings.RESOURCE_LEASE = {"PROBE_REFRESH": 0.3}
     row = make_pool("url", 1)[0]
     acquire("url", ttl=30).release()
     Resource.objects.filter(pk=row.pk).update(data={"url": "http://10.9.9.9:3128"}, name="moved")
-    lease = acquire("url", ttl=30)  # probed from the sample, read back from the database
+    time.sleep(0.35)
+    lease = acquire("url", ttl=30)
     assert (lease.resource.name, lease.resource.data) == ("moved", {"url": "http://10.9.9.9:3128"})
     lease.release()
+
+
+def test_the_granted_row_is_the_database_row(make_pool: Any) -> None:
+    """Field for field, including the expiry and times by the database's clock, and a take-over
+    with its previous holder."""
+    make_pool("exact", 3)
+    acquire("exact", ttl=30).release()  # load the sample
+    for ttl in (7.25, 30, 0.2):
+        lease = acquire("exact", ttl=ttl, holder=f"h-{ttl}")
+        row = Resource.objects.get(pk=lease.resource.pk)
+        fields = [f.attname for f in Resource._meta.concrete_fields]
+        assert [getattr(lease.resource, f) for f in fields] == [getattr(row, f) for f in fields]
+        assert lease.expires_at == row.busy_before and lease.fence == row.fence
+        if ttl != 0.2:
+            lease.release()
+    Resource.objects.filter(kind="exact").exclude(holder="h-0.2").update(enabled=False)
+    time.sleep(0.25)  # the unreleased 0.2 s lease expires
+    taken = acquire("exact", ttl=30, holder="next")
+    row = Resource.objects.get(pk=taken.resource.pk)
+    assert taken.resource.took_over and taken.resource.previous_holder == "h-0.2" == row.previous_holder
+    assert taken.expires_at == row.busy_before and taken.fence == row.fence
+    assert lease_connection().picker.probe_hits >= 4
+
+
+def test_the_clock_bits_unfold_only_near_the_estimate() -> None:
+    """MySQL's probe returns the low 24 bits of the database's clock (us); the rest comes from
+    an estimate. Within 4 s of the truth it is exact; beyond, the grant reads the row back."""
+    import datetime as dt
+
+    from resource_lease.db.mysql import _unfold
+
+    truth = dt.datetime(2026, 11, 25, 3, 21, 12, 187369)
+    us = round((truth - dt.datetime(1970, 1, 1)).total_seconds() * 1_000_000)
+    low = us & ((1 << 24) - 1)
+    for off in (-3.9, -0.5, 0, 0.001, 2.5, 3.9):
+        estimate = truth.replace(tzinfo=dt.UTC) + dt.timedelta(seconds=off)
+        assert _unfold(low, estimate) == truth
+    for off in (-9.0, 4.5, 12.0):
+        assert _unfold(low, truth.replace(tzinfo=dt.UTC) + dt.timedelta(seconds=off)) is None
 
 
 def test_a_new_row_is_granted_at_once_and_probed_after_one_refresh(make_pool: Any, settings: Any) -> None:

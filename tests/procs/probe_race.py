@@ -22,18 +22,21 @@ from tests.procs import setup
 
 def trust_the_sample() -> None:
     from resource_lease.db.base import Dialect
+    from resource_lease.db.connections import lease_connection
 
-    def trusting_grant(self: Dialect, cursor: Any, *, pk: int, kind: str, holder: str, token: str, ttl: float) -> Any:
+    def trusting_grant(
+        self: Dialect, cursor: Any, *, sampled: Any, kind: str, holder: str, token: str, **_: Any
+    ) -> Any:
         p = self.placeholder
         return self.update_returning(
             cursor,
             f"UPDATE {self.table} SET {self.grant_set} WHERE id = {p} AND kind = {p}",
-            (holder, token, self.ttl_param(ttl), pk, kind),
+            (holder, token, self.ttl_param(10.0), sampled[0], kind),
             returning=self.columns,
-            read_back=(f"id = {p} AND grant_token = {p}", (pk, token)),
+            read_back=(f"id = {p} AND grant_token = {p}", (sampled[0], token)),
         )
 
-    Dialect.grant = trusting_grant  # type: ignore[method-assign]
+    type(lease_connection().dialect).grant_sampled = trusting_grant  # type: ignore[method-assign]
 
 
 def main() -> None:
