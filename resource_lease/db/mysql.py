@@ -147,7 +147,12 @@ class MySQLDialect(Dialect):
         ``previous_holder`` is left for Django to load on first access (``DEFERRED``).
         """
         ttl_us = self.ttl_param(ttl)
-        cursor.execute(self._probe_sql(), (holder, token, ttl_us, sampled[0], kind))
+        try:
+            cursor.execute(self._probe_sql(), (holder, token, ttl_us, sampled[0], kind))
+        except Exception as exc:
+            if exc.args and exc.args[0] in _LOCK_TIMEOUT:
+                return None  # another transaction has the row locked: a miss, the scan skips it
+            raise
         if cursor.rowcount != 1:
             return None
         packed = int(cursor.lastrowid or 0)
@@ -186,7 +191,12 @@ class MySQLDialect(Dialect):
             grant_set = self.grant_set.replace("fence = fence + 1", fence)
             if grant_set == self.grant_set:
                 raise RuntimeError("the grant's SET list no longer has 'fence = fence + 1'")
-            cached = self._probe = f"UPDATE {self.table} SET {grant_set} WHERE id = %s AND {self.free}"
+            # A free row that another transaction has locked (an operator's edit, a
+            # SELECT ... FOR UPDATE) must be a miss, not a wait: the scan skips locked rows.
+            # MariaDB: no lock wait for this statement alone (an error at once, 1205); MySQL
+            # has no per-statement form, so there the probe waits at most LOCK_WAIT_TIMEOUT.
+            nowait = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR " if self.connection.mysql_is_mariadb else ""
+            cached = self._probe = f"{nowait}UPDATE {self.table} SET {grant_set} WHERE id = %s AND {self.free}"
         return cached
 
     def acquire(self, cursor: Any, *, kind: str, holder: str, token: str, ttl: float) -> Row | None:

@@ -54,6 +54,20 @@ class PostgreSQLDialect(Dialect):
         rows = cursor.fetchall()
         return rows[0] if rows else None
 
+    def grant_sampled(
+        self, cursor: Any, *, sampled: Row, kind: str, holder: str, token: str, ttl: float, clock: Any
+    ) -> Row | None:
+        # By primary key, and SKIP LOCKED: a free row that another transaction has locked (an
+        # operator's edit, a SELECT ... FOR UPDATE) is a miss, not a wait.
+        cursor.execute(
+            f"UPDATE {self.table} SET {self.grant_set}"
+            f" WHERE id = (SELECT id FROM {self.table} WHERE id = %s AND {self.free} FOR UPDATE SKIP LOCKED)"
+            f" RETURNING {self.columns}",
+            (holder, token, self.ttl_param(ttl), sampled[0], kind),
+        )
+        rows = cursor.fetchall()
+        return rows[0] if rows else None
+
     def classify(self, exc: BaseException) -> Failure:
         import psycopg
 

@@ -164,7 +164,8 @@ def _through(proxy: CutProxy) -> dict[str, str]:
 
 
 # The statements, recognised in the bytes the client sends.
-ACQUIRE = {"mysql": (b"UPDATE", b"LAST_INSERT_ID"), "postgresql": (b"UPDATE", b"SKIP LOCKED")}
+# Any grant of a free row (the probe by primary key or the scan): both carry the grant's SET list.
+ACQUIRE = {vendor: (b"UPDATE", b"previous_holder = holder") for vendor in ("mysql", "postgresql")}
 RELEASE = (b"UPDATE", b"grant_token = ''")
 
 
