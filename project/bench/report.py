@@ -100,6 +100,7 @@ def _cycle_rows(doc: Doc, point_key: str) -> list[list[str]]:
                         _f(r["lost_per_cycle"], 2),
                         _f(r["statements_per_cycle"], 2),
                         _f(r.get("client_cpu_ms_per_cycle"), 2),
+                        _f((r.get("server_per_cycle") or {}).get("server_cpu_ms"), 2),
                         _f(r["cycles"]),
                     ]
                 )
@@ -118,6 +119,7 @@ CYCLE_HEADER = [
     "lost/cyc",
     "stmts/cyc",
     "cpu ms/cyc",
+    "srv cpu ms/cyc",
     "cycles",
 ]
 

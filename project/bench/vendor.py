@@ -8,6 +8,8 @@ around each measurement window, and PostgreSQL's VACUUM between measurements.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from django.db import DatabaseError, connections
@@ -52,16 +54,50 @@ def server_facts(target: Target) -> dict[str, Any]:
 def counters(target: Target) -> dict[str, int]:
     """Server counters to difference around a window (empty where there are none).
 
-    MariaDB/MySQL only: its status counters are current when read. PostgreSQL's statistics
-    are sent by each backend at most once a second (and by an idle one up to ten seconds
-    later), so they cannot be attributed to a window of a second or two.
+    ``server_cpu_ms``: CPU time of the server's processes on this machine (mysqld/mariadbd,
+    or every postgres process), from /proc; 0 where the server is elsewhere. Machine-wide, so
+    another client of the same server adds to it. MariaDB/MySQL also: its status counters,
+    which are current when read. PostgreSQL's statistics are sent by each backend at most once
+    a second (and by an idle one up to ten seconds later), so they cannot be attributed to a
+    window of a second or two.
     """
+    found = {"server_cpu_ms": _server_cpu_ms(target.vendor)} if target.vendor != "sqlite" else {}
     if target.vendor != "mysql":
-        return {}
+        return found
     with connections[target.alias].cursor() as cursor:
         names = ", ".join(f"'{name}'" for name in _MYSQL_COUNTERS)
         cursor.execute(f"SHOW GLOBAL STATUS WHERE Variable_name IN ({names})")
-        return {name: int(value) for name, value in cursor.fetchall()}
+        return found | {name: int(value) for name, value in cursor.fetchall()}
+
+
+_SERVER_PROCESSES = {"mysql": ("mysqld", "mariadbd"), "postgresql": ("postgres",)}
+
+
+# Per vendor: CPU ticks by pid at the last reading, and the ticks counted so far.
+_ticks_seen: dict[str, dict[int, int]] = {}
+_ticks_total: dict[str, int] = {}
+
+
+def _server_cpu_ms(vendor: str) -> int:
+    """CPU (user + system, ms) the local server processes of ``vendor`` spent since the first
+    call, counting each process only between two readings that both saw it (a backend that
+    came or went in between, another client's, does not make the figure jump)."""
+    names = _SERVER_PROCESSES.get(vendor, ())
+    now: dict[int, int] = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (proc / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        if stat[stat.index("(") + 1 : stat.rindex(")")] in names:
+            fields = stat[stat.rindex(")") + 2 :].split()
+            now[int(proc.name)] = int(fields[11]) + int(fields[12])  # utime, stime
+    seen = _ticks_seen.get(vendor, {})
+    _ticks_total[vendor] = _ticks_total.get(vendor, 0) + sum(
+        ticks - seen[pid] for pid, ticks in now.items() if pid in seen and ticks >= seen[pid]
+    )
+    _ticks_seen[vendor] = now
+    return _ticks_total[vendor] * 1000 // os.sysconf("SC_CLK_TCK")
 
 
 def vacuum(target: Target) -> bool:

@@ -195,7 +195,8 @@ class MySQLDialect(Dialect):
             # SELECT ... FOR UPDATE) must be a miss, not a wait: the scan skips locked rows.
             # MariaDB: no lock wait for this statement alone (an error at once, 1205); MySQL
             # has no per-statement form, so there the probe waits at most LOCK_WAIT_TIMEOUT.
-            nowait = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR " if self.connection.mysql_is_mariadb else ""
+            mariadb = bool(getattr(self.connection, "mysql_is_mariadb", False))
+            nowait = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR " if mariadb else ""
             cached = self._probe = f"{nowait}UPDATE {self.table} SET {grant_set} WHERE id = %s AND {self.free}"
         return cached
 
