@@ -1,35 +1,30 @@
-"""The exclusion checker: a ledger of who held what, when, written by worker processes.
+"""The exclusion ledger: who held what, when, written by worker processes.
 
-Each worker appends ``resource fence start_ns end_ns worker`` for every grant, where start is
-taken after the grant and end before the release (CLOCK_MONOTONIC, shared by all processes on
-the machine), so the recorded interval lies inside the real holding. Inside that interval it
-runs a deliberately non-atomic critical section on a per-resource counter file (read, sleep,
-write back). Two holders of one resource at once show up as overlapping intervals, as fences
-out of order, and as a counter short of the grants.
+Each worker appends ``resource fence start_ns end_ns worker`` for every grant to its own
+``ledger-<worker>`` file, where start is taken after the grant and end before the release
+(CLOCK_MONOTONIC, shared by all processes on the machine), so the recorded interval lies
+inside the real holding. Inside that interval it runs a deliberately non-atomic critical
+section on a per-resource counter file (read, sleep, write back). Two holders of one resource
+at once show up as overlapping intervals and fences out of order (tests/grants.py), and as a
+counter short of the grants (a lost update).
 """
 
 from __future__ import annotations
 
 import os
-from collections import defaultdict
+import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-@dataclass(frozen=True)
-class Grant:
-    resource: int
-    fence: int
-    start: int
-    end: int
-    worker: str
+from tests.grants import Grant, Violation, exclusion_violations
 
 
 @dataclass
 class Verdict:
     grants: int = 0
-    overlaps: list[tuple[Grant, Grant]] = field(default_factory=list)
-    fence_disorder: list[tuple[Grant, Grant]] = field(default_factory=list)
+    overlaps: list[Violation] = field(default_factory=list)
+    fence_disorder: list[Violation] = field(default_factory=list)
     lost_updates: dict[int, tuple[int, int]] = field(default_factory=dict)  # resource: (counter, grants)
 
     @property
@@ -45,8 +40,6 @@ class Verdict:
 
 def critical_section(directory: Path, resource: int, hold: float) -> None:
     """Read the resource's counter, wait, write it back plus one: unsafe unless exclusive."""
-    import time
-
     path = directory / f"counter-{resource}"
     value = int(path.read_text()) if path.exists() else 0
     time.sleep(hold)
@@ -57,28 +50,42 @@ def critical_section(directory: Path, resource: int, hold: float) -> None:
     os.replace(scratch, path)
 
 
-def record(directory: Path, worker: str, grant: Grant) -> None:
-    with open(directory / f"ledger-{worker}", "a") as f:
-        f.write(f"{grant.resource} {grant.fence} {grant.start} {grant.end} {grant.worker}\n")
+def record(directory: Path, grant: Grant) -> None:
+    """Append ``grant`` (times in nanoseconds) to its worker's ledger file."""
+    with open(directory / f"ledger-{grant.worker}", "a") as f:
+        f.write(f"{grant.resource} {grant.fence} {int(grant.start)} {int(grant.end)} {grant.worker}\n")
+
+
+def work_and_record(directory: Path, worker: str, resource: int, fence: int, hold: float) -> None:
+    """One grant's work: the critical section on ``resource``, then its line in the ledger."""
+    start = time.monotonic_ns()
+    critical_section(directory, resource, hold)
+    record(directory, Grant(resource, fence, worker, start, time.monotonic_ns()))
+
+
+def read(directory: Path) -> list[Grant]:
+    """Every grant recorded in ``directory`` (one ledger file per worker)."""
+    grants = []
+    for path in directory.glob("ledger-*"):
+        for line in path.read_text().splitlines():
+            resource, fence, start, end, worker = line.split()
+            grants.append(Grant(int(resource), int(fence), worker, int(start), int(end)))
+    return grants
 
 
 def check(directory: Path) -> Verdict:
-    by_resource: dict[int, list[Grant]] = defaultdict(list)
-    for path in directory.glob("ledger-*"):  # one file per worker
-        for line in path.read_text().splitlines():
-            rid, fence, start, end, worker = line.split()
-            by_resource[int(rid)].append(Grant(int(rid), int(fence), int(start), int(end), worker))
-    verdict = Verdict()
-    for rid, grants in by_resource.items():
-        grants.sort(key=lambda g: g.start)
-        verdict.grants += len(grants)
-        for before, after in zip(grants, grants[1:], strict=False):
-            if after.start < before.end:
-                verdict.overlaps.append((before, after))
-            if after.fence <= before.fence:
-                verdict.fence_disorder.append((before, after))
-        counter_path = directory / f"counter-{rid}"
+    """Judge the ledger: overlaps and fences (tests/grants.py), and each counter against the
+    number of grants of its resource."""
+    grants = read(directory)
+    found = exclusion_violations(grants)
+    verdict = Verdict(
+        grants=len(grants),
+        overlaps=[v for v in found if v.kind == "overlap"],
+        fence_disorder=[v for v in found if v.kind == "fence"],
+    )
+    for resource, granted in Counter(g.resource for g in grants).items():
+        counter_path = directory / f"counter-{resource}"
         counter = int(counter_path.read_text()) if counter_path.exists() else 0
-        if counter != len(grants):
-            verdict.lost_updates[rid] = (counter, len(grants))
+        if counter != granted:
+            verdict.lost_updates[resource] = (counter, granted)
     return verdict

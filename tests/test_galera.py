@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from tests import ledger
 from tests.ledger import check
 
 pytestmark = pytest.mark.galera
@@ -415,7 +416,7 @@ def test_node_killed_or_paused_under_holders_then_rejoins(
     moved = [t for t, port in grants if t > killed_at and port != PORTS[1]]
     after_kill = sorted(t for t, _ in grants if t > killed_at)
     single_pk = acquired["single"]["pk"]
-    regrant = [g.start for g in _ledger_grants(tmp_path) if g.resource == single_pk and g.start > killed_at]
+    regrant = [g.start for g in ledger.read(tmp_path) if g.resource == single_pk and g.start > killed_at]
 
     # Per cycler, its first grant after the kill: the last of them is when every client
     # (those of the dead node included, through another node) was leasing again.
@@ -453,17 +454,6 @@ def test_node_killed_or_paused_under_holders_then_rejoins(
     # Node 2 caught up: it has the same rows (holders, fences) as node 1.
     rows = "SELECT id, fence, holder, grant_token FROM resource_lease_resource ORDER BY id"
     assert cluster.query(1, rows) == cluster.query(0, rows)
-
-
-def _ledger_grants(directory: Path) -> list[Any]:
-    from tests.ledger import Grant
-
-    grants = []
-    for path in directory.glob("ledger-*"):
-        for line in path.read_text().splitlines():
-            rid, fence, start_ns, end_ns, worker = line.split()
-            grants.append(Grant(int(rid), int(fence), int(start_ns), int(end_ns), worker))
-    return grants
 
 
 def _wait_for(what: str, condition: Callable[[], bool], timeout: float = 60) -> None:

@@ -29,6 +29,7 @@ from resource_lease import locks as locks_module
 from resource_lease.locks import LOCK_KIND, semaphore_kind, slot_name
 from resource_lease.models import Resource
 from resource_lease.pool import database_now, force_release
+from tests import ledger
 from tests.ledger import check
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -161,7 +162,7 @@ def test_a_lock_row_deleted_by_an_operator_is_made_again() -> None:
 def test_brand_new_lock_name_used_by_8_processes_at_once_has_one_winner(spawn_worker, tmp_path: Path) -> None:
     go = tmp_path / "go"
     procs = [
-        spawn_worker("tests.procs.locker", "race", "--name", "brand-new", "--go", str(go), stdout=subprocess.PIPE)
+        spawn_worker("tests.procs.lock_race", "--name", "brand-new", "--go", str(go), stdout=subprocess.PIPE)
         for _ in range(RACERS)
     ]
     for proc in procs:  # every racer has set Django up and connected: start them together
@@ -181,14 +182,14 @@ def test_brand_new_lock_name_used_by_8_processes_at_once_has_one_winner(spawn_wo
 
 def ledger_race(spawn_worker, tmp_path: Path, *extra: str, workers: int, seconds: float) -> list[subprocess.Popen]:
     args = ["--dir", str(tmp_path), "--seconds", str(seconds), *extra]
-    procs = [spawn_worker("tests.procs.locker", "ledger", *args) for _ in range(workers)]
+    procs = [spawn_worker("tests.procs.exclusion", *args) for _ in range(workers)]
     for proc in procs:
         assert proc.wait(timeout=seconds + 90) == 0
     return procs
 
 
 def test_lock_excludes_across_processes_with_fences_strictly_increasing(spawn_worker, tmp_path: Path) -> None:
-    ledger_race(spawn_worker, tmp_path, "--name", "ledger", workers=5, seconds=3.0)
+    ledger_race(spawn_worker, tmp_path, "--lock", "ledger", workers=5, seconds=3.0)
     verdict = check(tmp_path)
     print(f"lock exclusion: {verdict.summary()}")
     assert verdict.grants >= 10, "too few grants for the check to mean anything"
@@ -198,7 +199,7 @@ def test_lock_excludes_across_processes_with_fences_strictly_increasing(spawn_wo
 
 def test_negative_control_a_check_then_update_lock_is_caught(spawn_worker, tmp_path: Path) -> None:
     """The same ledger must fail a lock that looks and then writes unconditionally."""
-    ledger_race(spawn_worker, tmp_path, "--name", "broken", "--broken", workers=5, seconds=3.0)
+    ledger_race(spawn_worker, tmp_path, "--lock", "broken", "--naive", workers=5, seconds=3.0)
     verdict = check(tmp_path)
     print(f"negative control: {verdict.summary()}")
     assert verdict.grants >= 10
@@ -208,10 +209,8 @@ def test_negative_control_a_check_then_update_lock_is_caught(spawn_worker, tmp_p
 def max_concurrent(directory: Path) -> int:
     """The most grants (of any slot) whose recorded intervals overlap at one instant."""
     edges = []
-    for path in directory.glob("ledger-*"):
-        for line in path.read_text().splitlines():
-            _, _, start, end, _ = line.split()
-            edges += [(int(start), 1), (int(end), -1)]
+    for grant in ledger.read(directory):
+        edges += [(grant.start, 1), (grant.end, -1)]
     edges.sort(key=lambda e: (e[0], e[1]))  # an end before a start at the same instant
     current = peak = 0
     for _, step in edges:
@@ -221,7 +220,7 @@ def max_concurrent(directory: Path) -> int:
 
 
 def test_semaphore_never_has_more_holders_than_slots(spawn_worker, tmp_path: Path) -> None:
-    ledger_race(spawn_worker, tmp_path, "--name", "exports", "--slots", "3", "--hold", "0.05", workers=5, seconds=3.0)
+    ledger_race(spawn_worker, tmp_path, "--lock", "exports", "--slots", "3", "--hold", "0.05", workers=5, seconds=3.0)
     verdict = check(tmp_path)
     peak = max_concurrent(tmp_path)
     print(f"semaphore: {verdict.summary()} peak_holders={peak}")

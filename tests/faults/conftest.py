@@ -38,12 +38,12 @@ def figures() -> Callable[..., dict[str, Any]]:
 
 @pytest.fixture
 def start_child(spawn_worker: Callable[..., subprocess.Popen[str]]) -> Callable[..., Child]:
-    """``start_child(program, *args, env=...)``: a worker from tests/faults/procs, as a Child."""
+    """``start_child(program, *args, env=...)``: a worker from tests/procs, as a Child."""
     counter = itertools.count(1)
 
     def start(program: str, *args: Any, env: dict[str, str] | None = None) -> Child:
         proc = spawn_worker(
-            f"tests.faults.procs.{program}",
+            f"tests.procs.{program}",
             *map(str, args),
             env=worker_env(DJANGO_SETTINGS_MODULE="tests.faults.settings", **(env or {})),
             stdin=subprocess.PIPE,
@@ -56,7 +56,7 @@ def start_child(spawn_worker: Callable[..., subprocess.Popen[str]]) -> Callable[
 
 @pytest.fixture
 def start_holder(start_child: Callable[..., Child]) -> Callable[..., Child]:
-    """``start_holder(kind, ttl, auto_renew=True, timeout=30, env=...)``: procs/holder.py."""
+    """``start_holder(kind, ttl, auto_renew=True, timeout=30, env=...)``: tests/procs/holder.py."""
 
     def start(
         kind: str, ttl: float, *, auto_renew: bool = True, timeout: float = 30, env: dict[str, str] | None = None

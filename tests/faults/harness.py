@@ -1,9 +1,9 @@
 """Tools the fault scenarios share.
 
 - ``Child``: a worker process that reports JSON lines on stdout and takes commands on stdin.
-- ``Grant`` and ``exclusion_violations``: the invariant "no two processes trust one resource
-  at the same instant", checked on the host's monotonic clock, which every process on the
-  machine shares (CLOCK_MONOTONIC), so intervals reported by different processes compare.
+- ``run_churn`` and ``exclusion_race``: many workers racing for a pool, their grants judged
+  by the suite's one exclusion checker (tests/grants.py: no two processes trust one resource
+  at the same instant, fences increase).
 - ``CutProxy``: a TCP proxy that lets a statement reach the server and then cuts the
   connection before the answer comes back (a commit whose outcome the client cannot know).
 - Database-server operations: end one session from the server side, restart the server.
@@ -22,10 +22,12 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.grants import Grant, exclusion_violations
 
 # libfaketime (Debian package faketime), the variant for multi-threaded programs.
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")
@@ -204,45 +206,6 @@ def faketime_env(offset: str) -> dict[str, str]:
         "FAKETIME_DONT_FAKE_MONOTONIC": "1",
         "PYTHONPATH": os.pathsep.join([str(FAKETIME_SITE), str(REPO)]),
     }
-
-
-# -- the exclusion invariant -----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Grant:
-    """One process trusting one resource from ``start`` to ``end`` (host monotonic seconds).
-
-    ``start`` is when the grant's answer was received, ``end`` when the holder stopped
-    trusting it: the release was sent, the process was killed, or its local deadline passed.
-    """
-
-    pk: int
-    fence: int
-    who: str
-    start: float
-    end: float
-
-
-def exclusion_violations(grants: Iterable[Grant]) -> list[str]:
-    """Every pair of grants of one resource that overlap, and every fence that went backwards."""
-    found: list[str] = []
-    by_pk: dict[int, list[Grant]] = {}
-    for grant in grants:
-        by_pk.setdefault(grant.pk, []).append(grant)
-    for pk, items in by_pk.items():
-        items.sort(key=lambda g: g.fence)
-        for prev, nxt in zip(items, items[1:], strict=False):
-            if nxt.fence == prev.fence:
-                found.append(f"resource {pk}: fence {prev.fence} granted twice ({prev.who}, {nxt.who})")
-            elif nxt.start < prev.start:
-                found.append(f"resource {pk}: fence {nxt.fence} ({nxt.who}) granted before fence {prev.fence}")
-            elif nxt.start < prev.end:
-                found.append(
-                    f"resource {pk}: {nxt.who} got fence {nxt.fence} {prev.end - nxt.start:.3f}s before"
-                    f" {prev.who} (fence {prev.fence}) stopped trusting it"
-                )
-    return found
 
 
 # -- a TCP proxy that loses answers ----------------------------------------------------
@@ -473,10 +436,15 @@ def poll_acquire(
 
 @dataclass
 class ChurnResult:
-    """What a set of churn workers (procs/churn.py) reported, put together."""
+    """What a set of churn workers (tests/procs/churn.py) reported, put together.
+
+    ``grants`` are on the host's monotonic clock; ``db_grants`` are the same grants as
+    instants of the database's clock (``acquired_at``): their order must agree with their
+    fences. (Their end is not known there: renewals and the release move ``expires_at``.)
+    """
 
     grants: list[Grant]
-    db_grants: list[tuple[int, int, Any, Any]]
+    db_grants: list[Grant]
     latencies: list[float]
     counts: dict[str, int]
     retried: dict[str, int]
@@ -484,28 +452,12 @@ class ChurnResult:
 
     @property
     def violations(self) -> list[str]:
-        found = exclusion_violations(self.grants) + db_overlaps(self.db_grants)
+        found = [str(v) for v in exclusion_violations(self.grants)]
+        found += [f"by the database's clock: {v}" for v in exclusion_violations(self.db_grants)]
         found += [f"unexpected error: {e}" for e in self.errors]
         if self.counts.get("release_refused"):
             found.append(f"{self.counts['release_refused']} releases refused (a lease lost while held)")
         return found
-
-
-def db_overlaps(grants: Iterable[tuple[int, int, Any, Any]]) -> list[str]:
-    """Grants (pk, fence, acquired_at, expires_at by the database's clock) that began before
-    the previous grant of the same resource had expired or been released. ``expires_at`` is
-    the first expiry granted; later renewals or the release may move it, so this only checks
-    that a grant never starts before its predecessor was even granted."""
-    found: list[str] = []
-    by_pk: dict[int, list[tuple[int, Any]]] = {}
-    for pk, fence, acquired_at, _ in grants:
-        by_pk.setdefault(pk, []).append((fence, acquired_at))
-    for pk, items in by_pk.items():
-        items.sort()
-        for (f1, a1), (f2, a2) in zip(items, items[1:], strict=False):
-            if a2 < a1:
-                found.append(f"resource {pk}: fence {f2} granted at {a2}, before fence {f1} at {a1}")
-    return found
 
 
 def run_churn(
@@ -520,7 +472,7 @@ def run_churn(
     env: dict[str, str] | None = None,
     envs: Sequence[dict[str, str]] = (),
 ) -> ChurnResult:
-    """Run ``workers`` churn processes on ``kind`` for ``seconds``, all starting together.
+    """Run ``workers`` churn processes (tests/procs/churn.py) on ``kind`` for ``seconds``, all starting together.
 
     ``envs`` gives per-worker environment additions (cycled), e.g. skewed clocks.
     """
@@ -542,11 +494,10 @@ def run_churn(
     result = ChurnResult([], [], [], {}, {}, [])
     for child in children:
         done = child.wait_for("done", timeout=seconds + 60)
-        for pk, fence, start, end, acquired_at, expires_at in done["grants"]:
+        for pk, fence, start, end, acquired_at, _expires_at in done["grants"]:
             result.grants.append(Grant(pk, fence, done["worker"], start, end))
-            result.db_grants.append(
-                (pk, fence, dt.datetime.fromisoformat(acquired_at), dt.datetime.fromisoformat(expires_at))
-            )
+            granted = dt.datetime.fromisoformat(acquired_at).timestamp()
+            result.db_grants.append(Grant(pk, fence, done["worker"], granted, granted))
         result.latencies += done["latencies"]
         for name, n in done["counts"].items():
             result.counts[name] = result.counts.get(name, 0) + n
@@ -568,8 +519,8 @@ def exclusion_race(
     envs: Sequence[dict[str, str]] = ({},),
     ttl: float = 10.0,
 ) -> tuple[Any, int]:
-    """Race ``workers`` processes of the core suite's exclusion worker (tests/procs/exclusion.py)
-    on ``kind`` and judge their ledger with tests/ledger.py. ``envs`` (cycled) adds per-worker
+    """Race ``workers`` processes of the exclusion worker (tests/procs/exclusion.py) on ``kind``
+    and judge their ledger with tests/ledger.py. ``envs`` (cycled) adds per-worker
     environment, e.g. a skewed clock. Returns (verdict, number of workers that failed)."""
     from tests.conftest import worker_env
     from tests.ledger import check

@@ -25,7 +25,8 @@ from django.db import connection
 from resource_lease import acquire
 from resource_lease.exceptions import NoResourceAvailable
 from resource_lease.models import Resource
-from tests.faults.harness import Child, CutProxy, Grant, duration, end_session, exclusion_violations, rounds, spread
+from tests.faults.harness import Child, CutProxy, duration, end_session, rounds, spread
+from tests.grants import Grant, exclusion_violations
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 

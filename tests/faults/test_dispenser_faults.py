@@ -47,7 +47,7 @@ def run_op(spawn_worker: Callable[..., subprocess.Popen[str]], proxy: CutProxy, 
         DJANGO_SETTINGS_MODULE="tests.faults.settings",
         DATABASE_URL=f"{scheme}://{settings['USER']}@127.0.0.1:{proxy.port}/unused",
     )
-    proc = spawn_worker("tests.faults.procs.dispenser_op", "--dispenser", name, *args, env=env, stdout=subprocess.PIPE)
+    proc = spawn_worker("tests.procs.dispenser_op", "--dispenser", name, *args, env=env, stdout=subprocess.PIPE)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0
     return json.loads(out.strip().splitlines()[-1])

@@ -24,7 +24,8 @@ import pytest
 
 from resource_lease.models import Resource
 from resource_lease.pool import database_now
-from tests.faults.harness import Child, Grant, exclusion_violations, rounds, spread
+from tests.faults.harness import Child, rounds, spread
+from tests.grants import Grant, exclusion_violations
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 

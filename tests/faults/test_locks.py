@@ -1,6 +1,6 @@
 """Named locks under faults: the holder killed with SIGKILL, and paused with SIGSTOP past its ttl.
 
-The holder is tests/faults/procs/holder.py with ``--lock``: the same ``Lease`` and the same
+The holder is tests/procs/holder.py with ``--lock``: the same ``Lease`` and the same
 commands as a resource holder. A killed holder's lock is free again once its lease has
 expired by the database's clock (never before), within ttl plus one retry interval of the
 kill; a holder paused past its ttl is taken over, and on resume its renewal, fenced write
@@ -21,7 +21,8 @@ import pytest
 from resource_lease import LockHeld, lock
 from resource_lease.locks import LOCK_KIND
 from resource_lease.models import Resource
-from tests.faults.harness import Child, Grant, exclusion_violations, rounds, spread
+from tests.faults.harness import Child, rounds, spread
+from tests.grants import Grant, exclusion_violations
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 

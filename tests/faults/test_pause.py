@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from resource_lease.models import Resource
-from tests.faults.harness import Child, Grant, exclusion_violations, poll_acquire, rounds, spread
+from tests.faults.harness import Child, poll_acquire, rounds, spread
+from tests.grants import Grant, exclusion_violations
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 

@@ -24,14 +24,8 @@ from resource_lease import acquire
 from resource_lease.db.connections import close_connections
 from resource_lease.exceptions import NoResourceAvailable
 from resource_lease.models import Resource
-from tests.faults.harness import (
-    Child,
-    Grant,
-    ensure_server_up,
-    exclusion_violations,
-    have_server_tools,
-    restart_server,
-)
+from tests.faults.harness import Child, ensure_server_up, have_server_tools, restart_server
+from tests.grants import Grant, exclusion_violations
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 
@@ -121,7 +115,7 @@ def _judge(a: Child, kind: str, ttl: float, up_at: float) -> tuple[list[str], di
         "renew_failures": len(a.of("renew_failed")),
         "first_renewal_after_up": (outcome["t"] - up_at) if outcome["ev"] == "renewed" else float("nan"),
     }
-    return exclusion_violations(grants) + problems, line
+    return [str(v) for v in exclusion_violations(grants)] + problems, line
 
 
 def _renewed_or_lost(child: Child, *, after: float, timeout: float) -> dict[str, Any]:

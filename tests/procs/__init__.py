@@ -1,4 +1,10 @@
-"""Programs that tests run as separate processes (``python -m tests.procs.NAME``)."""
+"""Programs that tests run as separate processes (``python -m tests.procs.NAME``).
+
+Most take their arguments on the command line and print or record what they saw. The fault
+suite's workers (churn, dispenser_op, fork, holder, resource_holder) speak JSON lines
+instead, events out and commands in, and share instrument.py; tests/faults/conftest.py's
+``start_child`` runs them.
+"""
 
 from __future__ import annotations
 

@@ -64,16 +64,14 @@ def main() -> None:
     setup()
 
     from resource_lease import Election, LeaseLost, named
-    from tests.ledger import Grant, critical_section, record
+    from tests.leadership import EventLog, record_unit
+    from tests.ledger import critical_section
 
     if args.naive:
         named.try_grant = naive_try_grant  # type: ignore[assignment]
 
     worker = str(os.getpid())
-    events = open(args.dir / f"events-{worker}", "a", buffering=1)  # noqa: SIM115
-
-    def log(*fields: object) -> None:
-        events.write(" ".join(str(f) for f in (time.monotonic_ns(), *fields)) + "\n")
+    log = EventLog(args.dir, worker).log
 
     elected: queue.Queue[Any] = queue.Queue()
     election = Election(args.name, ttl=args.ttl)
@@ -103,7 +101,7 @@ def main() -> None:
                 except LeaseLost:
                     log("STALE-REFUSED", lease.fence)
                 break
-            record(args.dir, worker, Grant(0, lease.fence, start, end, worker))
+            record_unit(args.dir, worker, lease.fence, start, end)
             try:
                 election.save_state({"units": units + 1, "by": worker})
             except LeaseLost:

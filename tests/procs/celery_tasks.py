@@ -16,7 +16,8 @@ from typing import Any
 from project.celery import app
 from resource_lease.contrib.celery import LeaseTask
 from resource_lease.exceptions import LeaseLost
-from tests.ledger import Grant, critical_section, record
+from tests.grants import Grant
+from tests.ledger import critical_section, record
 
 KIND = "celery-test"
 
@@ -46,7 +47,7 @@ def _hold(task: LeaseTask, directory: str, seconds: float) -> dict[str, Any]:
     critical_section(Path(directory), lease.resource.pk, seconds)
     end = time.monotonic_ns()
     lease.check()  # the ledger may only record a grant that was still ours at the end
-    record(Path(directory), worker, Grant(lease.resource.pk, lease.fence, start, end, worker))
+    record(Path(directory), Grant(lease.resource.pk, lease.fence, worker, start, end))
     return {
         "resource": lease.resource.pk,
         "fence": lease.fence,

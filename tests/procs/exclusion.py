@@ -1,9 +1,15 @@
-"""A worker for the exclusion test: lease, run the unsafe critical section, record, release.
+"""A worker for the exclusion tests: take, run the ledger's unsafe critical section, record, let go.
 
-    python -m tests.procs.exclusion --kind K --dir D --seconds S [--hold H] [--naive]
+    python -m tests.procs.exclusion --kind K --dir D --seconds S [--hold H] [--ttl T] [--naive]
+    python -m tests.procs.exclusion --lock N [--slots K] --dir D --seconds S [--hold H] [--naive]
 
-``--naive`` uses a deliberately broken acquire (SELECT a free row, then an unconditional
-UPDATE), the negative control the checker must catch.
+For S seconds, again and again: lease a resource of kind K (``acquire``), or take the lock N
+(``lock``), or with ``--slots`` a slot of the semaphore N (``semaphore``); run the critical
+section under it and record the grant (tests/ledger.py); release it. A release refused (the
+grant was lost inside its ttl) ends the worker with an error.
+
+``--naive`` is the negative control the checker must catch: a deliberately broken acquire
+that looks for a free row and then takes it with an unconditional UPDATE.
 """
 
 from __future__ import annotations
@@ -13,20 +19,23 @@ import datetime as dt
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.procs import setup
 
 
-def naive_acquire(kind: str, ttl: float, holder: str) -> tuple[int, int] | None:
+def naive_take(rows: Any, ttl: float, holder: str) -> tuple[int, int] | None:
+    """Check-then-unconditional-update on one of ``rows``: two takers can both see a row
+    free and both take it. Returns (pk, fence), or None if none looked free."""
     from django.db.models import F
 
     from resource_lease.db import DbNow
     from resource_lease.models import Resource
 
-    free = Resource.objects.filter(kind=kind, busy_before__lte=DbNow()).order_by("busy_before").first()
+    free = rows.filter(busy_before__lte=DbNow()).order_by("busy_before").first()
     if free is None:
         return None
-    time.sleep(0.002)  # the window between the read and the write, widened
+    time.sleep(0.002)  # the window between the look and the write, widened
     Resource.objects.filter(pk=free.pk).update(
         busy_before=DbNow() + dt.timedelta(seconds=ttl), holder=holder, fence=F("fence") + 1, grant_token="naive"
     )
@@ -40,41 +49,66 @@ def naive_release(pk: int) -> None:
     Resource.objects.filter(pk=pk).update(busy_before=DbNow(), grant_token="")
 
 
+def naive_rows(args: argparse.Namespace) -> Any:
+    """The rows the negative control takes from: the pool of ``--kind``, or the lock's row."""
+    from resource_lease import named
+    from resource_lease.locks import LOCK_KIND
+    from resource_lease.models import Resource
+
+    if args.kind:
+        return Resource.objects.filter(kind=args.kind)
+    named.ensure("default", LOCK_KIND, [args.lock])
+    return Resource.objects.filter(kind=LOCK_KIND, name=args.lock)
+
+
+def take(args: argparse.Namespace) -> Any:
+    """One grant through the public API (``NoResourceAvailable``, or ``LockHeld``, if none
+    within a second)."""
+    from resource_lease import acquire, lock, semaphore
+
+    if args.kind:
+        return acquire(args.kind, ttl=args.ttl, timeout=1.0)
+    if args.slots:
+        return semaphore(args.lock, args.slots, ttl=args.ttl, timeout=1.0)
+    return lock(args.lock, ttl=args.ttl, timeout=1.0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--kind", required=True)
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--kind", default="")
+    what.add_argument("--lock", default="", help="take this named lock (with --slots: this semaphore)")
+    parser.add_argument("--slots", type=int, default=0)
     parser.add_argument("--dir", type=Path, required=True)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--hold", type=float, default=0.002)
     parser.add_argument("--ttl", type=float, default=10.0)
     parser.add_argument("--naive", action="store_true")
     args = parser.parse_args()
+    if args.slots and (args.kind or args.naive):
+        parser.error("--slots goes with --lock, and has no --naive control")
     setup()
 
-    from resource_lease import NoResourceAvailable, acquire
-    from tests.ledger import Grant, critical_section, record
+    from resource_lease import NoResourceAvailable
+    from tests.ledger import work_and_record
 
     worker = str(os.getpid())
     deadline = time.monotonic() + args.seconds
     while time.monotonic() < deadline:
         if args.naive:
-            got = naive_acquire(args.kind, args.ttl, worker)
+            got = naive_take(naive_rows(args), args.ttl, worker)
             if got is None:
                 time.sleep(0.001)
                 continue
             pk, fence = got
-            start = time.monotonic_ns()
-            critical_section(args.dir, pk, args.hold)
-            record(args.dir, worker, Grant(pk, fence, start, time.monotonic_ns(), worker))
+            work_and_record(args.dir, worker, pk, fence, args.hold)
             naive_release(pk)
             continue
         try:
-            lease = acquire(args.kind, ttl=args.ttl, timeout=1.0)
-        except NoResourceAvailable:
+            lease = take(args)
+        except NoResourceAvailable:  # LockHeld too
             continue
-        start = time.monotonic_ns()
-        critical_section(args.dir, lease.resource.pk, args.hold)
-        record(args.dir, worker, Grant(lease.resource.pk, lease.fence, start, time.monotonic_ns(), worker))
+        work_and_record(args.dir, worker, lease.resource.pk, lease.fence, args.hold)
         if not lease.release():
             raise SystemExit(f"release of {lease!r} refused: the lease was lost inside its ttl")
 

@@ -50,7 +50,8 @@ def get_lock_cycle(args: argparse.Namespace, worker: str) -> dict[str, int]:
     """The negative control: a named lock per resource, GET_LOCK() on this worker's node."""
     from django.db import connection
 
-    from tests.ledger import Grant, critical_section, record
+    from tests.grants import Grant
+    from tests.ledger import critical_section, record
 
     grants = 0
     deadline = time.monotonic() + args.seconds
@@ -64,7 +65,7 @@ def get_lock_cycle(args: argparse.Namespace, worker: str) -> dict[str, int]:
             start = time.monotonic_ns()
             critical_section(args.dir, i, args.hold)
             # No fence comes with GET_LOCK: record the time, so only overlaps and lost updates count.
-            record(args.dir, worker, Grant(i, start, start, time.monotonic_ns(), worker))
+            record(args.dir, Grant(i, start, worker, start, time.monotonic_ns()))
             cursor.execute("SELECT RELEASE_LOCK(%s)", (f"{args.kind}-{i}",))
             cursor.fetchall()
             grants += 1
@@ -74,7 +75,8 @@ def get_lock_cycle(args: argparse.Namespace, worker: str) -> dict[str, int]:
 def cycle(args: argparse.Namespace, worker: str) -> dict[str, int]:
     from resource_lease import LeaseLost, NoResourceAvailable, acquire
     from resource_lease.exceptions import LeaseDatabaseError
-    from tests.ledger import Grant, critical_section, record
+    from tests.grants import Grant
+    from tests.ledger import critical_section, record
 
     counts = {"grants": 0, "db_errors": 0, "renew_refused": 0, "release_refused": 0, "hops": 0}
     nodes = open(args.dir / f"nodes-{worker}", "a")  # noqa: SIM115 (closed at exit)
@@ -96,7 +98,7 @@ def cycle(args: argparse.Namespace, worker: str) -> dict[str, int]:
         start = time.monotonic_ns()
         critical_section(args.dir, lease.resource.pk, args.hold)
         end = time.monotonic_ns()  # the interval ends before any renewal or release is sent
-        record(args.dir, worker, Grant(lease.resource.pk, lease.fence, start, end, worker))
+        record(args.dir, Grant(lease.resource.pk, lease.fence, worker, start, end))
         nodes.write(f"{start} {port_of('default')}\n")
         nodes.flush()
         counts["grants"] += 1
@@ -128,7 +130,8 @@ def cycle(args: argparse.Namespace, worker: str) -> dict[str, int]:
 
 def hold(args: argparse.Namespace, worker: str) -> None:
     from resource_lease import LeaseLost, acquire
-    from tests.ledger import Grant, critical_section, record
+    from tests.grants import Grant
+    from tests.ledger import critical_section, record
 
     def on_lost(lease: Any) -> None:
         emit("lost", pk=lease.resource.pk, fence=lease.fence, reason=lease.lost_reason)
@@ -147,10 +150,10 @@ def hold(args: argparse.Namespace, worker: str) -> None:
         time.sleep(0.1)
     if lease.lost:
         trusted_until = int(lease._deadline * 1e9)  # the local deadline it stopped trusting at
-        record(args.dir, worker, Grant(lease.resource.pk, lease.fence, start, trusted_until, worker))
+        record(args.dir, Grant(lease.resource.pk, lease.fence, worker, start, trusted_until))
         emit("done", held=False, pk=lease.resource.pk)
         return
-    record(args.dir, worker, Grant(lease.resource.pk, lease.fence, start, time.monotonic_ns(), worker))
+    record(args.dir, Grant(lease.resource.pk, lease.fence, worker, start, time.monotonic_ns()))
     released = lease.release()
     emit("done", held=True, released=released, pk=lease.resource.pk)
 

@@ -44,13 +44,11 @@ def main() -> None:
 
     from resource_lease import LeaseLost, leader_only
     from resource_lease.election import LeaderJob
-    from tests.ledger import Grant, critical_section, record
+    from tests.leadership import EventLog, record_unit
+    from tests.ledger import critical_section
 
     worker = str(os.getpid())
-    events = open(args.dir / f"events-{worker}", "a", buffering=1)  # noqa: SIM115
-
-    def log(*fields: object) -> None:
-        events.write(" ".join(str(f) for f in (time.monotonic_ns(), *fields)) + "\n")
+    log = EventLog(args.dir, worker).log
 
     if args.release_at_return:
         run = LeaderJob._run
@@ -94,7 +92,7 @@ def main() -> None:
         else:
             # The run returned, so leader_only renewed its leadership at the return: it held
             # it all along, and the ledger may record the run.
-            record(args.dir, worker, Grant(0, unit["fence"], unit["start"], unit["end"], worker))
+            record_unit(args.dir, worker, unit["fence"], unit["start"], unit["end"])
             log("RAN", tick)
             log("SAVED", unit["fence"], result["units"])
     log("STOPPED")

@@ -1,11 +1,10 @@
 """A lease holder the fault scenarios drive: events out, commands in.
 
-    python -m tests.faults.procs.holder --kind K --ttl T [--auto-renew] [--timeout S]
-    python -m tests.faults.procs.holder --lock NAME | --semaphore NAME --slots N --ttl T ...
+    python -m tests.procs.holder --kind K --ttl T [--auto-renew] [--timeout S]
+    python -m tests.procs.holder --lock NAME | --semaphore NAME --slots N --ttl T ...
 
 It acquires one resource (or takes the named lock, or a slot of the semaphore) at start and
-reports ``acquired``; then it reads commands on stdin,
-one per line (``<id> <command> [args]``), and answers each with a ``reply`` event:
+reports ``acquired``; then it answers commands on stdin (instrument.py's ``serve``):
 
 - ``renew [ttl]``, ``is_held``, ``check``, ``release``: the Lease methods;
 - ``fenced_write NOTE``: ``with lease.fenced():`` write NOTE into the resource's data;
@@ -26,13 +25,12 @@ one per line (``<id> <command> [args]``), and answers each with a ``reply`` even
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import threading
 import time
 from typing import Any
 
-from tests.faults.procs.instrument import emit, error_text, setup
+from tests.procs.instrument import emit, error_text, serve, setup
 
 
 class Holder:
@@ -200,22 +198,7 @@ def main() -> None:
     except Exception as exc:  # noqa: BLE001  (every error is reported, as data)
         emit("acquire_failed", error=error_text(exc))
         sys.exit(2)
-    for line in sys.stdin:
-        words = line.split()
-        if not words:
-            continue
-        ident, command, rest = words[0], words[1], words[2:]
-        if command == "exit":
-            emit("reply", id=int(ident), cmd=command, ok=True, result=None)
-            break
-        try:
-            result = holder.run(command, rest)
-        except Exception as exc:  # noqa: BLE001  (every error is reported, as data)
-            emit("reply", id=int(ident), cmd=command, ok=False, error=error_text(exc))
-        else:
-            emit("reply", id=int(ident), cmd=command, ok=True, result=result)
-    sys.stdout.flush()
-    os._exit(0)  # do not wait for the daemon renewal thread's interpreter shutdown
+    serve(holder.run)
 
 
 if __name__ == "__main__":

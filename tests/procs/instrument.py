@@ -1,5 +1,6 @@
-"""What every fault worker shares: events as JSON lines on stdout, and probes and fault
-switches on the engine's own connections, set by the test through the environment.
+"""What every fault worker shares (tests/faults, run as a ``Child`` of tests/faults/harness.py):
+events as JSON lines on stdout, commands on stdin (``serve``), and probes and fault switches
+on the engine's own connections, set by the test through the environment.
 
 - every new engine session is reported (``session``: its server-side id, isolation level and
   time zone), so a test can end exactly that session from the server side;
@@ -21,7 +22,8 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 _out = threading.Lock()
 
@@ -35,6 +37,32 @@ def emit(ev: str, **fields: Any) -> None:
 
 def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+def serve(run: Callable[[str, list[str]], Any], *, on_exit: Callable[[], object] = lambda: None) -> NoReturn:
+    """Answer the commands on stdin, one per line (``<id> <command> [args]``): each with a
+    ``reply`` event carrying ``run(command, args)``'s result, or its error as data. ``exit``
+    (``on_exit()`` first) or the end of input ends the process, without waiting for daemon
+    threads (a renewal thread) at interpreter shutdown."""
+    for line in sys.stdin:
+        words = line.split()
+        if not words:
+            continue
+        ident, command, rest = int(words[0]), words[1], words[2:]
+        try:
+            if command == "exit":
+                on_exit()
+                result = None
+            else:
+                result = run(command, rest)
+        except Exception as exc:  # noqa: BLE001  (every error is reported, as data)
+            emit("reply", id=ident, cmd=command, ok=False, error=error_text(exc))
+            continue
+        emit("reply", id=ident, cmd=command, ok=True, result=result)
+        if command == "exit":
+            break
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def setup() -> None:

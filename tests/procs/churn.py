@@ -1,6 +1,6 @@
 """A worker that leases, uses and releases resources in a loop, and reports every grant.
 
-    python -m tests.faults.procs.churn --kind K --seconds S --ttl T [--hold H] [--fenced]
+    python -m tests.procs.churn --kind K --seconds S --ttl T [--hold H] [--fenced]
 
 Each cycle: ``acquire(kind, ttl, timeout)``, hold for a random time up to H seconds (with
 ``--fenced``, make a fenced write to the resource row inside), release. At the end it reports
@@ -23,7 +23,7 @@ import sys
 import time
 from collections import Counter
 
-from tests.faults.procs.instrument import emit, error_text, setup
+from tests.procs.instrument import emit, error_text, setup
 
 # How the engine's "transient database error, retrying" messages name the database error.
 TRANSIENT_KINDS = (

@@ -1,7 +1,7 @@
 """One dispenser operation, for the fault suite: assign 3 items, then maybe mark them done;
 prints what the process was told as JSON.
 
-    python -m tests.faults.procs.dispenser_op --dispenser D [--done]
+    python -m tests.procs.dispenser_op --dispenser D [--done]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Fork while holding an auto-renewed lease, and report what each side sees.
 
-    python -m tests.faults.procs.fork --kind K --ttl T --child-exit normal|_exit
+    python -m tests.procs.fork --kind K --ttl T --child-exit normal|_exit
 
 The parent acquires with ``auto_renew=True``, waits for one background renewal, then forks.
 The child reports ``child``: what ``release()``, ``renew()``, ``is_held()`` and ``check()`` do
@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from tests.faults.procs.instrument import emit, error_text, setup
+from tests.procs.instrument import emit, error_text, setup
 
 
 def in_child(lease: Any, kind: str) -> dict[str, Any]:
