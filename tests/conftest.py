@@ -1,4 +1,5 @@
-"""Shared fixtures: a pool of resources, and worker processes on the test database."""
+"""Shared fixtures: a pool of resources, worker processes on the test database, and holders
+(ResourceHolder) terminated after the test."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import pytest
 from django.db import connection
 
 from resource_lease.db.connections import close_connections
+from resource_lease.holder import ResourceHolder
 from resource_lease.models import Resource
+from tests.holder_helpers import Holder
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -81,3 +84,19 @@ def spawn_worker() -> Iterator[Callable[..., subprocess.Popen[str]]]:
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=30)
+
+
+@pytest.fixture
+def holders() -> Iterator[Callable[..., Any]]:
+    """``holders(cls, **kwargs)`` makes a holder that is terminated at the end of the test."""
+    made: list[ResourceHolder] = []
+
+    def make(cls: type[ResourceHolder] = Holder, **kwargs: Any) -> Any:
+        holder = cls(**kwargs)
+        made.append(holder)
+        return holder
+
+    yield make
+    for holder in made:
+        holder.terminate(timeout=30)
+        assert not holder.is_alive()

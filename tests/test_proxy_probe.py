@@ -30,10 +30,7 @@ from resource_lease import pool
 from resource_lease.contrib.proxy import ProxyHolder, probe_proxy
 from resource_lease.exceptions import NoResourceAvailable
 from resource_lease.models import Resource
-from tests import test_holder
-from tests.test_holder import OLD, QuietHandler, serve, state_of, url_of, wait_for
-
-holders = test_holder.holders  # the fixture: holders made by a test are terminated after it
+from tests.holder_helpers import OLD, QuietHandler, serve, state_of, url_of, wait_for
 
 USER, PASSWORD = "probe-user", "s3cr3t-Pa55"
 CREDENTIALS = f"{USER}:{PASSWORD}"
