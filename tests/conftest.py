@@ -1,5 +1,5 @@
-"""Shared fixtures: a pool of resources, worker processes on the test database, and holders
-(ResourceHolder) terminated after the test."""
+"""Shared fixtures: a pool of resources, worker processes on the test database, holders
+(ResourceHolder) terminated after the test, and logged-in admin clients."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import Permission, User
 from django.db import connection
+from django.test import Client
 
 from resource_lease.db.connections import close_connections
 from resource_lease.holder import ResourceHolder
@@ -100,3 +102,28 @@ def holders() -> Iterator[Callable[..., Any]]:
     for holder in made:
         holder.terminate(timeout=30)
         assert not holder.is_alive()
+
+
+@pytest.fixture
+def staff(django_user_model: type[User]) -> Callable[..., Client]:
+    """``staff(*perms, superuser=False)``: a logged-in client of a staff user with those perms
+    (users are named ``user0``, ``user1``, ... in the order they are made)."""
+
+    def login(*perms: str, superuser: bool = False) -> Client:
+        name = f"user{User.objects.count()}"
+        if superuser:
+            user = django_user_model.objects.create_superuser(name, f"{name}@example.com", "pw")
+        else:
+            user = django_user_model.objects.create_user(name, f"{name}@example.com", "pw", is_staff=True)
+            user.user_permissions.set(Permission.objects.filter(codename__in=perms))
+        client = Client()
+        client.force_login(user)
+        return client
+
+    return login
+
+
+@pytest.fixture
+def admin_client(staff: Callable[..., Client]) -> Client:
+    """A logged-in client of a superuser (pytest-django's fixture of that name, made by ``staff``)."""
+    return staff(superuser=True)

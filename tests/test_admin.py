@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable
 from html import unescape
 from typing import Any
 
@@ -13,7 +12,6 @@ import pytest
 from django.conf import settings
 from django.contrib.admin import site
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
@@ -28,24 +26,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 LIST = "/admin/resource_lease/resource/"
 OVERVIEW = "/admin/resource_lease/pooloverview/"
 EVENTS = "/admin/resource_lease/leaseevent/"
-
-
-@pytest.fixture
-def staff(django_user_model: type[User]) -> Callable[..., Client]:
-    """``staff(*perms, superuser=False)``: a logged-in client of a staff user with those perms."""
-
-    def login(*perms: str, superuser: bool = False) -> Client:
-        name = f"user{User.objects.count()}"
-        if superuser:
-            user = django_user_model.objects.create_superuser(name, f"{name}@example.com", "pw")
-        else:
-            user = django_user_model.objects.create_user(name, f"{name}@example.com", "pw", is_staff=True)
-            user.user_permissions.set(Permission.objects.filter(codename__in=perms))
-        client = Client()
-        client.force_login(user)
-        return client
-
-    return login
 
 
 def rows(html: str) -> dict[str, str]:

@@ -21,7 +21,6 @@ from io import StringIO
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.test import Client
 
@@ -219,14 +218,6 @@ def test_a_change_in_one_process_is_seen_by_another_process_watch_and_reads(star
 
 
 # -- the admin -----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def admin_client(django_user_model: type[User]) -> Client:
-    user = django_user_model.objects.create_superuser("ops", "ops@example.com", "pw")
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def _change_url(entry: ConfigEntry) -> str:

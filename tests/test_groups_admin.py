@@ -14,7 +14,6 @@ from django.core.management import call_command
 
 from resource_lease import DoubleBarrier, Group
 from resource_lease.models import Resource
-from tests.test_admin import staff  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,14 +34,14 @@ def scene() -> Any:
     b.leave()
 
 
-def test_the_members_page_lists_live_members_with_their_data(scene: Any, staff: Any) -> None:  # noqa: F811
+def test_the_members_page_lists_live_members_with_their_data(scene: Any, staff: Any) -> None:
     html = staff("view_resource").get(MEMBERS).content.decode()
     assert "recs" in html and "10.0.0.7" in html and "rl-held" in html
     assert "@barrier" not in html  # only group rows
     assert "kick_action" not in html  # viewers cannot kick
 
 
-def test_kick_force_releases_a_member_and_it_joins_again_by_itself(scene: Any, staff: Any) -> None:  # noqa: F811
+def test_kick_force_releases_a_member_and_it_joins_again_by_itself(scene: Any, staff: Any) -> None:
     a, b, _ = scene
     row = Resource.objects.get(kind="@group:recs", name="b")
     response = staff(superuser=True).post(
@@ -56,7 +55,7 @@ def test_kick_force_releases_a_member_and_it_joins_again_by_itself(scene: Any, s
         time.sleep(0.2)
 
 
-def test_the_barriers_page_shows_round_cohort_and_who_is_inside(scene: Any, staff: Any) -> None:  # noqa: F811
+def test_the_barriers_page_shows_round_cohort_and_who_is_inside(scene: Any, staff: Any) -> None:
     html = staff("view_resource").get(BARRIERS).content.decode()
     assert "nightly" in html and "1 inside" in html
     assert staff().get(BARRIERS).status_code == 403

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from io import StringIO
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
-from django.test import Client
 
 from resource_lease import LeaseLost, lock, named, semaphore
 from resource_lease.models import Resource
@@ -28,22 +25,6 @@ def _forget_created_rows():
 LOCKS = "/admin/resource_lease/lockrow/"
 SEMAPHORES = "/admin/resource_lease/semaphoreslot/"
 ELECTIONS = "/admin/resource_lease/electionrow/"
-
-
-@pytest.fixture
-def staff(django_user_model: type[User]) -> Callable[..., Client]:
-    def login(*perms: str, superuser: bool = False) -> Client:
-        name = f"user{User.objects.count()}"
-        if superuser:
-            user = django_user_model.objects.create_superuser(name, f"{name}@example.com", "pw")
-        else:
-            user = django_user_model.objects.create_user(name, f"{name}@example.com", "pw", is_staff=True)
-            user.user_permissions.set(Permission.objects.filter(codename__in=perms))
-        client = Client()
-        client.force_login(user)
-        return client
-
-    return login
 
 
 @pytest.fixture
