@@ -53,7 +53,7 @@ def main() -> None:
 
     from resource_lease import NoResourceAvailable, acquire
     from resource_lease.db.connections import lease_connection
-    from tests.ledger import Grant, critical_section, record
+    from tests.ledger import work_and_record
 
     worker = str(os.getpid())
     deadline = time.monotonic() + args.seconds
@@ -62,9 +62,7 @@ def main() -> None:
             lease = acquire(args.kind, ttl=10.0, timeout=1.0)
         except NoResourceAvailable:
             continue
-        start = time.monotonic_ns()
-        critical_section(args.dir, lease.resource.pk, args.hold)
-        record(args.dir, worker, Grant(lease.resource.pk, lease.fence, start, time.monotonic_ns(), worker))
+        work_and_record(args.dir, worker, lease.resource.pk, lease.fence, args.hold)
         lease.release()  # the trusting variant's releases may be refused: its grants overlap
     picker = lease_connection().picker
     print(json.dumps({"probes": picker.probes, "hits": picker.probe_hits}), flush=True)
