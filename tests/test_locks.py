@@ -25,10 +25,10 @@ from resource_lease import (
     semaphore,
     synchronized,
 )
-from resource_lease import locks as locks_module
-from resource_lease.locks import LOCK_KIND, semaphore_kind, slot_name
 from resource_lease.models import Resource
 from resource_lease.pool import database_now, force_release
+from resource_lease.recipes import locks as locks_module
+from resource_lease.recipes.locks import LOCK_KIND, semaphore_kind, slot_name
 from tests.ledger import check
 
 pytestmark = pytest.mark.django_db(transaction=True)

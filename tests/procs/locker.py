@@ -32,8 +32,8 @@ def broken_lock(name: str, ttl: float, holder: str) -> tuple[int, int] | None:
 
     from resource_lease import named
     from resource_lease.db import DbNow
-    from resource_lease.locks import LOCK_KIND
     from resource_lease.models import Resource
+    from resource_lease.recipes.locks import LOCK_KIND
 
     named.ensure("default", LOCK_KIND, [name])
     row = Resource.objects.filter(kind=LOCK_KIND, name=name, busy_before__lte=DbNow()).first()

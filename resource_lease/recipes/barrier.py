@@ -31,9 +31,9 @@ from typing import Any
 from resource_lease import named
 from resource_lease.conf import lease_settings
 from resource_lease.exceptions import BarrierTimeout, LeaseError, MemberTaken
-from resource_lease.groups import check_member, grant_row, process_holder
 from resource_lease.lease import Lease, granted, refuse_inside_single_writer_transaction
 from resource_lease.models import Resource
+from resource_lease.recipes.groups import check_member, grant_row, process_holder
 from resource_lease.validation import check_alias, check_name, check_seconds, check_timeout
 from resource_lease.waiting import wait_for
 
