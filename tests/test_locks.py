@@ -158,6 +158,19 @@ def test_a_lock_row_deleted_by_an_operator_is_made_again() -> None:
     again.release()
 
 
+def test_a_lock_row_deleted_by_an_operator_is_granted_at_once_to_a_waiter() -> None:
+    # Deleted while held: the holder's release finds nothing of its own, and a waiter with a
+    # long timeout is granted the row made again at once (not after its timeout).
+    held = lock("deleted-while-held", ttl=30, auto_renew=False)
+    Resource.objects.filter(kind=LOCK_KIND, name="deleted-while-held").delete()
+    started = time.monotonic()
+    again = lock("deleted-while-held", ttl=30, timeout=60, auto_renew=False)
+    assert time.monotonic() - started < 10
+    assert again.fence == 1 and again.is_held()
+    assert not held.release()
+    assert again.release()
+
+
 def test_brand_new_lock_name_used_by_8_processes_at_once_has_one_winner(spawn_worker, tmp_path: Path) -> None:
     go = tmp_path / "go"
     procs = [

@@ -132,13 +132,7 @@ class Election:
     def _grant_once(self, *, auto_renew: bool) -> Lease | None:
         lease = named.try_grant(self.using, KIND, self.name, holder=self.holder, ttl=self.ttl, on_lost=self._lost)
         if lease is None:
-            if self.name in named.read(self.using, KIND, [self.name]).rows:
-                return None
-            # The row is gone (an operator deleted it): make it again and stand at once.
-            named.forget(self.using, KIND, self.name)
-            lease = named.try_grant(self.using, KIND, self.name, holder=self.holder, ttl=self.ttl, on_lost=self._lost)
-            if lease is None:
-                return None
+            return None
         with self._lock:
             self._lease = lease
         logger.info("elected: %s leads %r (fence %d)", self.holder, self.name, lease.fence)
