@@ -17,7 +17,7 @@ What this costs and what it may lose:
   is stamped with the process's monotonic clock when it happens, and the writer maps that to
   the database's clock read just before the batch is stored (``database_now()``), so a
   client whose wall clock is hours off still writes true times; the error is the latency of
-  that one read.
+  that one read (docs/pitfalls.md#database-clock).
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ class AuditWriter:
         self._reset()
 
     def _reset(self) -> None:
-        # Also run in a forked child: it must not write (nor wait for) its parent's events.
+        # Also run in a forked child: it must not write (nor wait for) its parent's events
+        # (docs/pitfalls.md#fork).
         self._pending: deque[Pending] = deque()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -141,7 +142,8 @@ class AuditWriter:
                         self._failures = 0
             finally:
                 if close:
-                    # Hold no connection while idle (nor across a server's wait_timeout).
+                    # Hold no connection while idle (nor across a server's wait_timeout:
+                    # docs/pitfalls.md#dropped-connections).
                     connections.close_all()
             if self._dropped:
                 dropped, self._dropped = self._dropped, 0

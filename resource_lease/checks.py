@@ -13,7 +13,7 @@ from resource_lease.conf import LeaseSettings, combination_problems, value_probl
 from resource_lease.db import SUPPORTED_VENDORS
 
 #: MySQLdb.constants.CLIENT.FOUND_ROWS (the MySQL protocol's CLIENT_FOUND_ROWS), without
-#: importing the driver on other vendors.
+#: importing the driver on other vendors (docs/pitfalls.md#found-rows).
 _MYSQL_CLIENT_FOUND_ROWS = 2
 
 
@@ -66,7 +66,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
 
 @register(Tags.database)
 def check_databases(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """Run with ``manage.py check --database ALIAS``: vendor and (MySQL) session time zone."""
+    """Run with ``manage.py check --database ALIAS``: vendor and (MySQL) session time zone
+    (docs/pitfalls.md#database-clock)."""
     errors: list[CheckMessage] = []
     for alias in databases or ():
         connection = connections[alias]
@@ -160,7 +161,7 @@ def check_setting_values(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
     return errors
 
 
-# -- exact names and kinds (W010) -----------------------------------------------------------
+# -- exact names and kinds (W010, docs/pitfalls.md#collation) ----------------------------------
 
 
 @register(Tags.database)
@@ -201,7 +202,7 @@ def check_exact_collation(app_configs: Any = None, databases: Any = None, **kwar
     return errors
 
 
-# -- SQLite shared by several processes (W011) --------------------------------------------------
+# -- SQLite shared by several processes (W011, docs/pitfalls.md#sqlite) --------------------------
 
 
 @register()
@@ -227,7 +228,7 @@ def check_sqlite_concurrency(app_configs: Any = None, **kwargs: Any) -> list[Che
     ]
 
 
-# -- MariaDB Galera Cluster (docs/galera.md) ----------------------------------------------
+# -- MariaDB Galera Cluster (docs/galera.md, docs/pitfalls.md#galera) -----------------------
 
 
 @register(Tags.database)
@@ -385,7 +386,8 @@ def _galera_node_messages(alias: str, node: str, report: dict[str, str], *, own_
 
 
 def _galera_clock_messages(alias: str, clocks: dict[str, str]) -> list[CheckMessage]:
-    """Expiry is judged by the clock of whichever node runs the statement: nodes must agree."""
+    """Expiry is judged by the clock of whichever node runs the statement: nodes must agree
+    (docs/pitfalls.md#database-clock)."""
     from django.utils.dateparse import parse_datetime
 
     if len(clocks) < 2:

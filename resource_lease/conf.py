@@ -36,12 +36,22 @@ class LeaseSettings:
     #: First and largest pause (seconds) between attempts while waiting for a resource.
     BACKOFF_BASE: float = 0.02
     BACKOFF_MAX: float = 1.0
-    #: Retries of a statement the database aborted for a transient reason
-    #: (deadlock, lock wait timeout, serialization failure, SQLite busy).
+    #: Retries of a statement the database rolled back for a transient reason (deadlock,
+    #: serialization failure, a Galera certification conflict; docs/pitfalls.md#read-committed).
+    #: A lock wait timeout is not retried: it has already waited LOCK_WAIT_TIMEOUT.
     TRANSIENT_RETRIES: int = 8
     #: Seconds a lease statement may wait for a row lock (MySQL innodb_lock_wait_timeout,
-    #: PostgreSQL lock_timeout) so a renewal cannot hang past its ttl.
+    #: PostgreSQL lock_timeout) so a renewal cannot hang past its ttl
+    #: (docs/pitfalls.md#lock-wait).
     LOCK_WAIT_TIMEOUT: float = 5.0
+    #: Seconds a thread keeps its sample of a kind's free resource ids, which ``acquire()``
+    #: tries by primary key before it scans the pool (see ``resource_lease.picking``): a new
+    #: resource is tried by probes at most this long after it was added (the scan finds it
+    #: at once), and on MySQL/MariaDB, where a probed row's name and data come from the
+    #: sample, a changed payload is returned at most this long after the change (quarantine
+    #: and disabling count at once everywhere). 0 turns probing off: every acquire scans,
+    #: least recently used first.
+    PROBE_REFRESH: float = 1.0
     #: Default quarantine length (seconds) for a resource found invalid.
     QUARANTINE_SECONDS: float = 3600.0
     #: Keep an audit trail of lease events (``LeaseEvent``): grants, take-overs, releases,
@@ -163,6 +173,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "BACKOFF_MAX": _seconds(),
     "TRANSIENT_RETRIES": _count(minimum=0),
     "LOCK_WAIT_TIMEOUT": _seconds(),
+    "PROBE_REFRESH": _seconds(allow_zero=True),
     "QUARANTINE_SECONDS": _seconds(),
     "AUDIT": _bool,
     "AUDIT_FLUSH_INTERVAL": _seconds(),

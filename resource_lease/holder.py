@@ -267,7 +267,8 @@ class ResourceHolder(HolderStateMachine, metaclass=abc.ABCMeta):
             raise LeaseError(f"{self!r} was terminated")
         if transaction.get_connection(self._using).in_atomic_block:
             # A quarantine written in the caller's transaction would be undone by its
-            # rollback, and on a single-writer database the grant would wait for it.
+            # rollback, and on a single-writer database the grant would wait for it
+            # (see docs/pitfalls.md#own-connection and docs/pitfalls.md#sqlite).
             raise LeaseError(
                 f"{type(self).__name__}.acquire()/fix() inside an open transaction on {self._using!r}:"
                 " a holder works on its own; call it before entering atomic()"

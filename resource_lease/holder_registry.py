@@ -81,7 +81,8 @@ def install_sigterm_handler(timeout: float = 15.0) -> None:
 
 
 def _after_fork_in_child() -> None:
-    # The parent's holders (and their leases) are not the child's to terminate.
+    # The parent's holders (and their leases) are not the child's to terminate
+    # (docs/pitfalls.md#fork).
     global _live, _live_lock
     _live = weakref.WeakSet()
     _live_lock = threading.Lock()

@@ -128,7 +128,8 @@ class HolderStateMachine(threading.Thread, metaclass=abc.ABCMeta):
 
     def lock(self, candidate: Resource) -> Lease | None:
         """Lease ``candidate`` if it is still free: one conditional UPDATE on its id (free by the
-        database's clock, enabled, not quarantined) whose matched-row count decides a race.
+        database's clock, enabled, not quarantined) whose matched-row count decides a race;
+        ``search()`` only proposes (docs/pitfalls.md#snapshot-reads, docs/pitfalls.md#found-rows).
 
         The grant is the engine's (fence + 1, holder, token, expiry = database now + ttl), so
         the ``Lease`` renews, releases and fences exactly like one from ``acquire()``.

@@ -14,11 +14,10 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import transaction
 
 from resource_lease import renewal, signals
 from resource_lease.conf import lease_settings
-from resource_lease.db import dialect_class
 from resource_lease.db.base import Row
 from resource_lease.db.connections import Disconnected, LockWaitTimeout, lease_connection, run, run_repeatable
 from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost, NoResourceAvailable
@@ -328,7 +327,7 @@ def granted(lease: Lease, *, auto_renew: bool) -> Lease:
 def refuse_inside_single_writer_transaction(alias: str, what: str) -> None:
     """On a single-writer database (SQLite), a grant from inside the caller's open write
     transaction would wait for that transaction's own lock: refuse it clearly instead."""
-    if transaction.get_connection(alias).in_atomic_block and dialect_class(connections[alias].vendor).single_writer:
+    if lease_connection(alias).dialect.single_writer and transaction.get_connection(alias).in_atomic_block:
         raise LeaseError(
             f"{what} inside an open transaction on {alias!r}: this database has a single writer, so the "
             "grant would wait for your own transaction's lock. Call it before entering atomic()."
@@ -354,7 +353,7 @@ def attempt_grant(
     Package-internal: use ``acquire()``.
     """
     if statement is None:
-        statement = _acquire_any(kind, holder, ttl)
+        statement = _acquire_any(alias, kind, holder, ttl)
     for tries_left in (1, 0):
         sent_at = time.monotonic()
         row, settled = _grant(alias, kind=kind, statement=statement)
@@ -370,8 +369,9 @@ def attempt_grant(
     return Lease(resource, holder=holder, ttl=ttl, using=alias, sent_at=sent_at, on_lost=on_lost)
 
 
-def _acquire_any(kind: str, holder: str, ttl: float) -> GrantStatement:
-    return lambda d, c, token: d.acquire(c, kind=kind, holder=holder, token=token, ttl=ttl)
+def _acquire_any(alias: str, kind: str, holder: str, ttl: float) -> GrantStatement:
+    picker = lease_connection(alias).picker
+    return lambda d, c, token: picker.grant_any(d, c, kind=kind, holder=holder, token=token, ttl=ttl)
 
 
 def _grant(alias: str, *, kind: str, statement: GrantStatement) -> tuple[Row | None, bool]:

@@ -103,7 +103,8 @@ class Snapshot:
 
 def read(alias: str, kind: str, names: Sequence[str] | None = None) -> Snapshot:
     """The rows of ``kind`` (only ``names`` if given) and the database's clock, on the
-    engine's own connection (never a snapshot of the caller's open transaction)."""
+    engine's own connection (never a snapshot of the caller's open transaction: see
+    docs/pitfalls.md#snapshot-reads)."""
     rows, now = run_repeatable(alias, lambda d, c: d.read_named(c, kind=kind, names=names), what=f"reading {kind}")
     dialect = lease_connection(alias).dialect
     resources = [dialect.to_resource(row) for row in rows]

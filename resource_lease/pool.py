@@ -1,7 +1,10 @@
 """Operations on the pool as a whole: states, counts, quarantine, restore, force release.
 
 All of them are single conditional UPDATEs judged by the database's clock (``DbNow``), so
-they are safe to run while workers lease: none can hand a resource to two holders.
+they are safe to run while workers lease: none can hand a resource to two holders. Their
+filters stay on the lease table's own columns, so Django keeps each UPDATE one statement on
+MySQL too (see docs/pitfalls.md#split-update); the counts they return are matched rows
+(docs/pitfalls.md#found-rows).
 """
 
 from __future__ import annotations
@@ -148,7 +151,7 @@ def quarantine(
     queryset = _queryset(resources, using)
     matched = _matched(signals.resources_quarantined, queryset)
     # MySQL assigns left to right with updated values: decide on grant_token before
-    # busy_before moves.
+    # busy_before moves (see docs/pitfalls.md#set-order).
     count = queryset.update(
         grant_token=Case(When(free, then=Value("")), default=F("grant_token")),
         busy_before=Case(When(free, then=end), default=F("busy_before")),

@@ -234,7 +234,8 @@ def renewer() -> Renewer:
 
 
 def _after_fork_in_child() -> None:
-    # Threads do not survive fork(): the child renews nothing its parent held.
+    # Threads do not survive fork(): the child renews nothing its parent held
+    # (docs/pitfalls.md#fork).
     global _renewer
     _renewer = Renewer()
 

@@ -11,13 +11,15 @@ from django.conf import settings
 
 #: The longest ttl, timeout or quarantine accepted, in seconds (about 31 years). Longer ones
 #: put an expiry past what the databases and Python's datetime hold (year 9999): MySQL and
-#: SQLite fail the statement, PostgreSQL commits a grant that can never be read back.
+#: SQLite fail the statement, PostgreSQL commits a grant that can never be read back
+#: (see docs/pitfalls.md#value-limits).
 MAX_SECONDS = 1e9
 
 
 def check_text(value: str, name: str) -> str:
     """Text every database stores as given: no NUL characters (PostgreSQL refuses them, MySQL
-    and SQLite keep them), nothing UTF-8 cannot encode (lone surrogates)."""
+    and SQLite keep them), nothing UTF-8 cannot encode (lone surrogates). See
+    docs/pitfalls.md#value-limits."""
     if "\x00" in value:
         raise ValueError(f"{name} must not contain NUL characters, got {value!r}")
     try:

@@ -222,7 +222,12 @@ def test_acquire_and_fix_inside_a_transaction_are_refused(make_pool: Any, holder
 
 
 @pytest.mark.parametrize("cls", [Holder, Searching], ids=["engine", "search"])
-def test_invalid_resources_are_quarantined_with_a_reason_and_skipped(make_pool: Any, holders: Any, cls: type) -> None:
+def test_invalid_resources_are_quarantined_with_a_reason_and_skipped(
+    make_pool: Any, holders: Any, cls: type, settings: Any
+) -> None:
+    # The bad rows are the least recently used, so they are tried first only in that order:
+    # acquire() probes free rows at random unless PROBE_REFRESH is 0.
+    settings.RESOURCE_LEASE = {"PROBE_REFRESH": 0}
     good = make_pool("h", 1)[0]
     bad = [
         Resource.objects.create(kind="h", name=f"bad-{i}", data={"valid": False}, busy_before=OLD + dt.timedelta(i))

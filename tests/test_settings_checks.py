@@ -36,6 +36,7 @@ BAD = [
     ("TRANSIENT_RETRIES", 2.5, "must be a whole number"),
     ("LOCK_WAIT_TIMEOUT", float("inf"), "must be finite"),
     ("QUARANTINE_SECONDS", 1e12, "must be at most 1e+09 seconds"),
+    ("PROBE_REFRESH", -0.5, "must be >= 0 seconds"),
     ("AUDIT", "yes", "must be True or False"),
     ("AUDIT_FLUSH_INTERVAL", 0, "must be > 0 seconds"),
     ("AUDIT_MAX_BUFFERED", 0, "must be >= 1"),

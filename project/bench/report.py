@@ -20,7 +20,13 @@ Doc = dict[str, Any]
 
 STYLE: dict[str, dict[str, Any]] = {
     "engine": {"color": "tab:blue", "marker": "o", "linewidth": 2.4, "label": "resource_lease (engine)"},
-    "floor": {"color": "black", "marker": "s", "linestyle": "--", "linewidth": 1.4, "label": "floor: 2 PK UPDATEs of holder"},
+    "floor": {
+        "color": "black",
+        "marker": "s",
+        "linestyle": "--",
+        "linewidth": 1.4,
+        "label": "floor: 2 PK UPDATEs of holder",
+    },
     "lease-floor": {
         "color": "dimgray",
         "marker": "x",

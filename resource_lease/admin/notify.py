@@ -128,7 +128,7 @@ class ConfigEntryAdmin(admin.ModelAdmin):
         # Not wrapped in the admin's usual transaction: the value is stored by the engine's
         # own connection (the upsert every Config.set runs, which on PostgreSQL also wakes
         # the watchers), and on SQLite, with a single writer, that would wait for the
-        # admin's own open transaction.
+        # admin's own open transaction (see docs/pitfalls.md#sqlite).
         return self._changeform_view(request, object_id, form_url, extra_context)  # type: ignore[attr-defined,no-any-return]
 
     def save_model(self, request: HttpRequest, obj: ConfigEntry, form: forms.Form, change: bool) -> None:

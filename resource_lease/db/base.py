@@ -15,6 +15,7 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
+from django.db.models.base import DEFERRED
 
 from resource_lease.models import NEVER, Resource
 
@@ -90,6 +91,10 @@ class Dialect:
 
     true = "TRUE"
     false = "FALSE"
+    #: Between the table and WHERE of a read of the acquire index (MySQL names the index).
+    index_hint = ""
+    #: The acquire index's order for the free rows of one kind.
+    free_order = "busy_before"
     #: ``INSERT ... <this>``: a row whose (kind, name) exists already is kept as it is.
     on_conflict_keep = "ON CONFLICT (kind, name) DO NOTHING"
 
@@ -126,6 +131,31 @@ class Dialect:
     def acquire(self, cursor: Any, *, kind: str, holder: str, token: str, ttl: float) -> Row | None:
         """Grant any free resource of ``kind`` in one conditional statement; return its row."""
         raise NotImplementedError
+
+    def free_rows(self, cursor: Any, *, kind: str, limit: int) -> tuple[list[Row], Any]:
+        """Up to ``limit`` rows of ``kind`` free now, least recently used first, and the
+        database's clock when they were read (raw): the sample ``acquire()`` probes (a hint
+        only: every grant re-checks its row)."""
+        cursor.execute(
+            f"SELECT {self.columns}, {self.now_sql} FROM {self.table} {self.index_hint} WHERE {self.free}"
+            f" ORDER BY {self.free_order} LIMIT {int(limit)}",
+            (kind,),
+        )
+        rows = cursor.fetchall()
+        if not rows:
+            cursor.execute(f"SELECT {self.now_sql}")
+            return [], cursor.fetchall()[0][0]
+        return [row[:-1] for row in rows], rows[0][-1]
+
+    def grant_sampled(
+        self, cursor: Any, *, sampled: Row, kind: str, holder: str, token: str, ttl: float, clock: Any
+    ) -> Row | None:
+        """Grant the sampled row if it is free (``grant``); its row as granted.
+
+        ``sampled`` is the row as the sample read it and ``clock`` estimates the database's
+        clock now (``Clock``); a vendor whose grant cannot return the row cheaply may build
+        it from them (MySQL), anything that decides the grant stays in the statement."""
+        return self.grant(cursor, pk=sampled[0], kind=kind, holder=holder, token=token, ttl=ttl)
 
     def grant(self, cursor: Any, *, pk: int, kind: str, holder: str, token: str, ttl: float) -> Row | None:
         """Grant one chosen resource (the holder's lock step) if it is free; return its row.
@@ -289,8 +319,11 @@ class Dialect:
         return [(func, col) for func in funcs]
 
     def to_resource(self, row: Row) -> Resource:
+        """The Resource of a raw row; a value that is ``DEFERRED`` is loaded on first access."""
         values = list(row)
         for i, converters in self._converting:
+            if values[i] is DEFERRED:
+                continue
             for func, col in converters:
                 values[i] = func(values[i], col, self.connection)
         return Resource.from_db(self.alias, self.attnames, values)

@@ -6,7 +6,8 @@ them ``acquire("PROXY")`` and ``acquire("proxy ")`` lease resources of kind ``pr
 ``Resource(kind="PROXY", name="p1")`` collides with ``proxy/p1`` on the unique constraint.
 Even ``utf8mb4_bin`` pads with spaces on MariaDB and MySQL 5.7; the no-pad binary ones
 (MariaDB ``utf8mb4_nopad_bin``, MySQL 8 ``utf8mb4_0900_bin``) compare exactly, as PostgreSQL's
-default (deterministic) and SQLite's ``BINARY`` collations already do.
+default (deterministic) and SQLite's ``BINARY`` collations already do (see
+docs/pitfalls.md#collation).
 
 - ``ExactCollation(model_name, fields)``: a migration operation that gives those columns (and
   the table's default, so a later ``AlterField`` that rewrites a column keeps it) the exact

@@ -4,13 +4,15 @@ A grant must not be undone by the caller's rollback (a grant made inside the cal
 ``atomic()`` would vanish with it while the caller believed it held), and the lease
 statements want session settings (UTC, READ COMMITTED, a bounded lock wait) that are not
 ours to impose on the caller's connection. So every lease statement runs in autocommit on a
-private copy of the alias's Django connection, owned by the calling thread.
+private copy of the alias's Django connection, owned by the calling thread (see
+docs/pitfalls.md#own-connection).
 
-A process that forks keeps its parent's sockets: a child must never use, nor close, them
-(closing would send the server a goodbye on the parent's behalf). Connections are tagged with
-the pid that opened them; a child drops them into a graveyard that is never collected, and
-points its copy of their sockets at /dev/null, because the graveyard does not outlive the
-child's interpreter shutdown, nor do the thread-locals of threads that did not survive fork.
+A process that forks keeps its parent's sockets (docs/pitfalls.md#fork): a child must never
+use, nor close, them (closing would send the server a goodbye on the parent's behalf).
+Connections are tagged with the pid that opened them; a child drops them into a graveyard
+that is never collected, and points its copy of their sockets at /dev/null, because the
+graveyard does not outlive the child's interpreter shutdown, nor do the thread-locals of
+threads that did not survive fork.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from resource_lease.conf import lease_settings
 from resource_lease.db import dialect_class
 from resource_lease.db.base import Dialect, Failure
 from resource_lease.exceptions import LeaseDatabaseError
+from resource_lease.picking import Picker
 
 logger = logging.getLogger("resource_lease")
 
@@ -48,7 +51,8 @@ _forking: list[LeaseConnection] = []
 
 
 class Disconnected(Exception):
-    """The connection died during a statement whose outcome is therefore unknown."""
+    """The connection died during a statement whose outcome is therefore unknown
+    (docs/pitfalls.md#unknown-outcome)."""
 
     def __init__(self, cause: BaseException) -> None:
         super().__init__(str(cause))
@@ -71,6 +75,8 @@ class LeaseConnection:
         self.dialect_class.connect_options(settings_dict["OPTIONS"], io_timeout)
         self.wrapper: BaseDatabaseWrapper = type(base)(settings_dict, alias)
         self.dialect: Dialect = self.dialect_class(self.wrapper)
+        #: Which rows this thread's acquires try first (kept across reconnects).
+        self.picker = Picker()
         self.pid = os.getpid()
         self._session_of: Any = None
         _live.add(self)
@@ -156,10 +162,13 @@ def _unwrap(exc: BaseException) -> BaseException:
 def run(alias: str, statement: Callable[[Dialect, Any], T], *, what: str) -> T:
     """Run one lease statement in autocommit on this thread's lease connection.
 
-    Transient failures (deadlock, serialization failure) are rolled back by the database and
-    retried here, briefly and with jitter, so callers never see them. A statement that waited
-    out the bounded lock wait raises ``LockWaitTimeout`` (nothing changed) at once. A lost connection is discarded and reported as ``Disconnected``: only the
-    caller knows whether the statement can be repeated or must be settled by reading back.
+    Transient failures (deadlock, serialization failure: docs/pitfalls.md#read-committed) are
+    rolled back by the database and retried here, briefly and with jitter, so callers never
+    see them. A statement that waited out the bounded lock wait raises ``LockWaitTimeout``
+    (nothing changed) at once (docs/pitfalls.md#lock-wait). A lost connection is discarded and
+    reported as ``Disconnected``: only the caller knows whether the statement can be repeated
+    or must be settled by reading back (docs/pitfalls.md#dropped-connections,
+    docs/pitfalls.md#unknown-outcome).
     """
     conn = lease_connection(alias)
     retries = int(lease_settings.TRANSIENT_RETRIES)
@@ -185,7 +194,7 @@ def run(alias: str, statement: Callable[[Dialect, Any], T], *, what: str) -> T:
                 raise Disconnected(error) from exc
             if failure is Failure.LOCK_TIMEOUT:
                 # Already waited LOCK_WAIT_TIMEOUT: retrying here would multiply the wait
-                # past any ttl; the caller decides.
+                # past any ttl; the caller decides (docs/pitfalls.md#lock-wait).
                 raise LockWaitTimeout(f"{what} waited too long for a row lock on {alias!r}: {error}") from exc
             raise LeaseDatabaseError(f"{what} failed on database {alias!r}: {error}") from exc
     raise AssertionError("unreachable")  # pragma: no cover

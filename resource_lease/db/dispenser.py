@@ -2,15 +2,17 @@
 
 Every race over an item is decided by one conditional UPDATE judged by the database's clock,
 with every ownership condition (worker, state, live claim, fence) in its WHERE: Django's MySQL
-backend counts the rows an UPDATE matched, not the rows it changed. Claims pick rows with
-``FOR UPDATE SKIP LOCKED`` where the vendor has it, so concurrent assigns spread over the
-pending items instead of queueing on one.
+backend counts the rows an UPDATE matched, not the rows it changed
+(docs/pitfalls.md#found-rows). Claims pick rows with ``FOR UPDATE SKIP LOCKED`` where the
+vendor has it, so concurrent assigns spread over the pending items instead of queueing on one
+(docs/pitfalls.md#index-locks).
 
 A claim writes a fresh random token on every row it takes; the assign then reads its rows
 back by that token. The same read settles an assign whose connection was lost during its
-commit (its outcome unknown), and MySQL, which has no ``UPDATE ... RETURNING``, needs no
-other path. Outcome statements (done, fail, release) write a token of their own too, so a count lost with the connection is
-settled by counting rows with that token.
+commit (its outcome unknown: docs/pitfalls.md#unknown-outcome), and MySQL, which has no
+``UPDATE ... RETURNING`` (docs/pitfalls.md#no-returning), needs no other path. Outcome
+statements (done, fail, release) write a token of their own too, so a count lost with the
+connection is settled by counting rows with that token.
 """
 
 from __future__ import annotations
@@ -93,7 +95,8 @@ class ItemStatements:
         """Claim afresh the worker's own unfinished items: live claims, and expired ones no one
         retook (an expired claim was an attempt: counted, unless attempts are used up)."""
         p, now = self.p, self.now
-        # attempts is assigned first: MySQL evaluates SET left to right with new values.
+        # attempts is assigned first: MySQL evaluates SET left to right with new values
+        # (see docs/pitfalls.md#set-order).
         cursor.execute(
             f"UPDATE {self.table} SET attempts = attempts + CASE WHEN expires_at <= {now} THEN 1 ELSE 0 END,"
             f" fence = fence + 1, claim_token = {p}, expires_at = {self.dialect.expiry_sql()}, claimed_at = {now}"
@@ -109,7 +112,8 @@ class ItemStatements:
         """Claim up to n pending items, oldest first.
 
         The order is the index's after its equality columns (never "dispenser, state, ..."):
-        MariaDB then reads the index in order and stops at n, instead of a filesort.
+        MariaDB then reads the index in order and stops at n, instead of a filesort that
+        locks every pending item (see docs/pitfalls.md#index-locks).
         """
         pat, pat_params = self._pattern(pattern)
         sql = self.pick_and_claim(
@@ -345,10 +349,10 @@ class PostgreSQLItemStatements(ItemStatements):
 
     def pick_and_claim(self, where: Where, order: str) -> str:
         # SKIP LOCKED: concurrent assigns take different rows; the outer WHERE re-checks the
-        # locked row's latest version (READ COMMITTED re-evaluates it after the lock). The
-        # pick is a MATERIALIZED CTE: as "id IN (subquery)" the planner may run the subquery
-        # again for each row, each run skipping the rows the last one locked, and claim more
-        # than n rows.
+        # locked row's latest version (READ COMMITTED re-evaluates it after the lock, see
+        # docs/pitfalls.md#snapshot-reads). The pick is a MATERIALIZED CTE: as
+        # "id IN (subquery)" the planner may run the subquery again for each row, each run
+        # skipping the rows the last one locked, and claim more than n rows.
         return (
             f"WITH pick AS MATERIALIZED (SELECT id FROM {self.table} WHERE {where('')} ORDER BY {order}"
             f" LIMIT {self.p} FOR UPDATE SKIP LOCKED)"
@@ -371,7 +375,8 @@ class MySQLItemStatements(ItemStatements):
         if self.dialect.connection.features.has_select_for_update_skip_locked:
             # As the lease acquire (db/mysql.py): the rows are picked by a locking read that
             # skips rows other assigns are claiming, and drive the join (STRAIGHT_JOIN) so
-            # MariaDB does not scan the table; the outer WHERE re-checks each picked row.
+            # MariaDB does not scan (and lock) the table; the outer WHERE re-checks each
+            # picked row (see docs/pitfalls.md#index-locks).
             return (
                 f"UPDATE (SELECT id FROM {self.table} {index} WHERE {where('')} ORDER BY {order} LIMIT %s"
                 f" FOR UPDATE SKIP LOCKED) AS pick STRAIGHT_JOIN {self.table} AS r ON r.id = pick.id"
@@ -412,7 +417,7 @@ def make_item_columns_exact(schema_editor: BaseDatabaseSchemaEditor) -> None:
     Their default collations ignore case, and every PAD SPACE collation (utf8mb4_bin
     included) ignores trailing spaces, so "a" and "A " would be one key (and one worker).
     A binary NO PAD collation compares them as Python does. PostgreSQL and SQLite compare
-    exactly already.
+    exactly already. See docs/pitfalls.md#collation.
     """
     connection = schema_editor.connection
     if connection.vendor != "mysql":

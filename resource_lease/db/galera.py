@@ -17,6 +17,8 @@ deadlock. What a cluster adds, and this module handles:
   entry, or a DATABASE_URL with several hosts): the engine's connections then move to the next
   node when theirs dies or leaves the primary component (``connect``).
 - The system check's view of a node (``node_report``), and the node clocks it compares.
+
+The Galera facts this relies on: docs/pitfalls.md#galera.
 """
 
 from __future__ import annotations

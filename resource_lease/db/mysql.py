@@ -18,10 +18,12 @@ them: see ``resource_lease.db.galera``.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models.base import DEFERRED
 
 from resource_lease.db import NOW_SQL, galera
 from resource_lease.db.base import Dialect, Failure, Row
@@ -37,15 +39,39 @@ _LOCK_TIMEOUT = {1205, 1969, 3024}  # innodb_lock_wait_timeout, MariaDB max_stat
 _DISCONNECT = {2002, 2003, 2006, 2013, 2026, 2055, 4031, 1053, 1927}
 
 
+# The probe's LAST_INSERT_ID: fence << 25 | took_over << 24 | the clock's low 24 bits (us).
+_CLOCK_BITS = 24
+_CLOCK_MASK = (1 << _CLOCK_BITS) - 1
+_FENCE_SHIFT = _CLOCK_BITS + 1
+_FENCE_LIMIT = 1 << 37  # (fence + 1) << 25 stays inside a signed BIGINT
+_EPOCH = dt.datetime(1970, 1, 1)
+
+
+def _unfold(low: int, estimate: dt.datetime) -> dt.datetime | None:
+    """The naive UTC datetime whose microseconds since the epoch end in ``low`` (24 bits) and
+    lie nearest ``estimate``; None if even that is more than 4 s away (the estimate is off)."""
+    approx = round((estimate - _EPOCH.replace(tzinfo=dt.UTC)).total_seconds() * 1_000_000)
+    span = 1 << _CLOCK_BITS
+    base = approx - (approx & _CLOCK_MASK) + low
+    best = min((base - span, base, base + span), key=lambda v: abs(v - approx))
+    if abs(best - approx) > 4_000_000:
+        return None
+    return _EPOCH + dt.timedelta(microseconds=best)
+
+
 class MySQLDialect(Dialect):
     vendor = "mysql"
     # UTC whatever the session time zone (NOW() follows the session's zone), with
     # microseconds (NOW() without (6) has whole seconds, Django's columns have six digits).
     now_sql = NOW_SQL["mysql"]
     on_conflict_keep = "ON DUPLICATE KEY UPDATE id = id"
+    # See _acquire_sql: the planner must be told to walk the acquire index in its order.
+    index_hint = f"FORCE INDEX ({ACQUIRE_INDEX})"
+    free_order = "kind, busy_before"
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         super().__init__(connection)
+        self._at = {name: i for i, name in enumerate(self.attnames)}
         # Several nodes of one Galera cluster: this connection moves between them.
         hosts = galera.cluster_hosts(connection.settings_dict)
         self.rotation = galera.HostRotation(hosts) if len(hosts) > 1 else None
@@ -99,6 +125,70 @@ class MySQLDialect(Dialect):
         rows = cursor.fetchall()
         return rows[0] if matched and rows else None
 
+    # -- the probe: a grant that hands back what it decided through LAST_INSERT_ID --------------
+
+    def grant_sampled(
+        self, cursor: Any, *, sampled: Row, kind: str, holder: str, token: str, ttl: float, clock: Any
+    ) -> Row | None:
+        """The probe's grant in one statement and no read: the row is the sample's, with what
+        the grant wrote put in.
+
+        The UPDATE is the grant's, by primary key and conditional on the row being free; it
+        also hands back, in LAST_INSERT_ID (which the client reads from the statement's OK
+        packet), the new fence, whether it took an expired lease over, and the low 24 bits of
+        the database's clock in microseconds (``_PACKED``). The clock's high bits come from
+        the sample's reading of the database's clock (``clock``, at most PROBE_REFRESH old,
+        carried forward by this machine's monotonic clock): the 24 bits span 16.8 s, so the
+        result is exact while the estimate is within 8 s. ``acquired_at``, ``renewed_at``
+        and ``busy_before`` (that time plus the ttl in microseconds, the server's own
+        arithmetic) are then exactly what the server wrote. The payload (name, data) is the
+        sample's, so an operator's new URL shows up within PROBE_REFRESH. A take-over, a
+        clock estimate too far out and a fence past 2**37 read the row back instead.
+        ``previous_holder`` is left for Django to load on first access (``DEFERRED``).
+        """
+        ttl_us = self.ttl_param(ttl)
+        cursor.execute(self._probe_sql(), (holder, token, ttl_us, sampled[0], kind))
+        if cursor.rowcount != 1:
+            return None
+        packed = int(cursor.lastrowid or 0)
+        fence, taken, low = packed >> _FENCE_SHIFT, packed >> _CLOCK_BITS & 1, packed & _CLOCK_MASK
+        granted_at = _unfold(low, clock.now()) if packed and not taken else None
+        if granted_at is None:
+            cursor.execute(
+                f"SELECT {self.columns} FROM {self.table} WHERE id = %s AND grant_token = %s", (sampled[0], token)
+            )
+            rows = cursor.fetchall()
+            return rows[0] if rows else None
+        row = list(sampled)
+        at = self._at
+        row[at["took_over"]] = False
+        row[at["previous_holder"]] = DEFERRED
+        row[at["fence"]] = fence
+        row[at["holder"]] = holder
+        row[at["grant_token"]] = token
+        row[at["acquired_at"]] = row[at["renewed_at"]] = granted_at
+        row[at["busy_before"]] = granted_at + dt.timedelta(microseconds=ttl_us)
+        row[at["released_at"]] = None
+        return row
+
+    def _probe_sql(self) -> str:
+        cached: str | None = getattr(self, "_probe", None)
+        if cached is None:
+            packed = (
+                f"(fence + 1) * {1 << _FENCE_SHIFT} + took_over * {1 << _CLOCK_BITS}"
+                f" + MOD(FLOOR(UNIX_TIMESTAMP({self.now_sql}) * 1000000), {1 << _CLOCK_BITS})"
+            )
+            # took_over is assigned first (left to right), so here it is already this grant's.
+            fence = (
+                f"fence = CASE WHEN fence < {_FENCE_LIMIT} THEN LAST_INSERT_ID({packed}) DIV {1 << _FENCE_SHIFT}"
+                f" ELSE fence + 1 + LAST_INSERT_ID(0) END"
+            )
+            grant_set = self.grant_set.replace("fence = fence + 1", fence)
+            if grant_set == self.grant_set:
+                raise RuntimeError("the grant's SET list no longer has 'fence = fence + 1'")
+            cached = self._probe = f"UPDATE {self.table} SET {grant_set} WHERE id = %s AND {self.free}"
+        return cached
+
     def acquire(self, cursor: Any, *, kind: str, holder: str, token: str, ttl: float) -> Row | None:
         sql, kind_first = self._acquire_sql()
         grant = (holder, token, self.ttl_param(ttl))
@@ -121,7 +211,7 @@ class MySQLDialect(Dialect):
         # planned as a scan plus filesort that reads and locks every free row of the kind,
         # so one open transaction on any of them (a fenced write) held up every acquire
         # (InnoDB's UPDATE locks every index record it scans).
-        index = f"FORCE INDEX ({ACQUIRE_INDEX})"
+        index = self.index_hint
         kind_first = bool(self.connection.features.has_select_for_update_skip_locked)
         if kind_first:
             # MariaDB 10.6+ / MySQL 8: the row is chosen by a locking read that skips rows

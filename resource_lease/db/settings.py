@@ -18,17 +18,18 @@ def database_from_url(url: str, *, test_dir: Path | None = None) -> dict[str, An
     """A DATABASES entry for ``url`` (mysql://, postgres://, sqlite://) set up for leasing.
 
     - MySQL/MariaDB: UTC session time zone whatever the server's (``NOW()`` and
-      ``CURRENT_TIMESTAMP`` follow the session's zone while Django stores UTC), utf8mb4,
-      READ COMMITTED.
+      ``CURRENT_TIMESTAMP`` follow the session's zone while Django stores UTC:
+      docs/pitfalls.md#database-clock), utf8mb4, READ COMMITTED (docs/pitfalls.md#read-committed).
     - SQLite: WAL, a busy timeout and IMMEDIATE transactions so several processes can lease
       at once (SQLite has no ``SELECT ... FOR UPDATE``, and without these concurrent writers
-      fail with "database is locked"); tests use a file (``test_dir``), never memory, so worker
-      processes see the same database.
+      fail with "database is locked": docs/pitfalls.md#sqlite); tests use a file
+      (``test_dir``), never memory, so worker processes see the same database.
     - PostgreSQL: as dj-database-url gives it.
     - MariaDB Galera: ``mysql://user:pw@node1:3306,node2:3306,node3:3306/name`` lists the
       cluster's nodes. HOST/PORT are the first node (the alias's own connections use it) and
       ``CLUSTER_HOSTS`` all of them, in order (the lease engine fails over between them); the
-      connections also wait for causality (``wsrep_sync_wait``), see docs/galera.md.
+      connections also wait for causality (``wsrep_sync_wait``), see docs/galera.md and
+      docs/pitfalls.md#galera.
     """
     hosts: list[str] = []
     match = _URL.match(url)

@@ -8,6 +8,8 @@ UPDATE``; without these, concurrent writers fail with "database is locked").
   ("database is locked") instead of waiting its turn.
 - Without ``transaction_mode = "IMMEDIATE"`` a transaction starts as a reader and upgrades to
   a writer at its first write; when two do, SQLite fails one at once, busy timeout or not.
+
+See docs/pitfalls.md#sqlite.
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@
 Every change is one upsert judged by the database: it creates the row on first use (two
 processes using a new name at once create one row) or raises its ``version`` by one, and
 hands back the new version from the same statement (``RETURNING``; on MySQL/MariaDB
-``version = LAST_INSERT_ID(version + 1)`` read back in the same round trip). On PostgreSQL
-the same statement also calls ``pg_notify``, so the wake-up is sent exactly when the change
-commits; ``Listener`` is the watcher's side of it. Reads are one indexed row per topic (a
-namespace's few rows for a configuration).
+``version = LAST_INSERT_ID(version + 1)`` read back in the same round trip, see
+docs/pitfalls.md#no-returning). On PostgreSQL the same statement also calls ``pg_notify``, so
+the wake-up is sent exactly when the change commits; ``Listener`` is the watcher's side of
+it. Reads are one indexed row per topic (a namespace's few rows for a configuration).
 
 JSON travels as text both ways (PostgreSQL casts it), so a payload reads back the same on
 every vendor whatever loaders the driver has registered.
@@ -70,7 +70,8 @@ class Statements:
 
     def run_bump(self, cursor: Any, sql: str, params: Sequence[Any]) -> int:
         cursor.execute(sql, params)
-        rows = cursor.fetchall()  # every row: SQLite ends the statement (and its lock) only then
+        # Every row: SQLite ends the statement (and its lock) only then (docs/pitfalls.md#sqlite).
+        rows = cursor.fetchall()
         return int(rows[0][0])
 
     # -- statements ------------------------------------------------------------------
@@ -187,7 +188,8 @@ class MySQLStatements(Statements):
 
     def run_bump(self, cursor: Any, sql: str, params: Sequence[Any]) -> int:
         # Sent with its read as one query (the engine's connections allow several
-        # statements). Affected rows (CLIENT.FOUND_ROWS): 1 inserted (version 1), 2 updated.
+        # statements). Affected rows (CLIENT.FOUND_ROWS, docs/pitfalls.md#found-rows): 1
+        # inserted (version 1), 2 updated.
         cursor.execute(f"{sql}; SELECT LAST_INSERT_ID()", params)
         inserted = cursor.rowcount == 1
         if not cursor.nextset():

@@ -31,7 +31,8 @@ STATES = (FREE, HELD, EXPIRED, QUARANTINED, DISABLED)
 
 
 # The lease states, written once. Every condition is judged by the database's clock
-# (``DbNow``), never the client's, and is the ORM twin of the lease statements' SQL in
+# (``DbNow``), never the client's (docs/pitfalls.md#database-clock), and is on the row's own
+# columns (docs/pitfalls.md#split-update). Each is the ORM twin of the lease statements' SQL in
 # ``resource_lease/db/base.py`` (``Dialect.free``, ``Dialect.ours``); tests/test_states.py
 # proves on each database that both select the same rows.
 
@@ -158,7 +159,8 @@ class Resource(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     #: Text columns compared exactly on every database (migration ``ExactCollation``,
-    #: system check ``resource_lease.W010``): "PROXY" and "proxy " are not "proxy".
+    #: system check ``resource_lease.W010``): "PROXY" and "proxy " are not "proxy"
+    #: (docs/pitfalls.md#collation).
     exact_text_fields: ClassVar[tuple[str, ...]] = ("kind", "name")
 
     objects = ResourceQuerySet.as_manager()
@@ -171,7 +173,8 @@ class Resource(models.Model):
         ]
         indexes = [
             # The acquire scans free rows of one kind, oldest expiry first, and stops at the
-            # first; this index keeps that scan (and the rows it locks) short at any pool size.
+            # first; this index keeps that scan (and the rows it locks) short at any pool size
+            # (docs/pitfalls.md#index-locks and docs/pitfalls.md#dead-index-entries).
             models.Index(fields=["kind", "busy_before"], name="resource_lease_acquire_idx"),
         ]
 

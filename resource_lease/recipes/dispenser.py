@@ -116,7 +116,8 @@ class Dispenser:
     ``ttl`` is how long a claim lasts unless renewed (by the next ``assign`` or ``renew``);
     ``max_attempts`` how many claims an item gets (an expired claim counts) before it is
     failed. Safe to share between threads; every statement runs on the engine's own
-    connection, in autocommit, independent of the caller's transaction.
+    connection, in autocommit, independent of the caller's transaction
+    (docs/pitfalls.md#own-connection).
     """
 
     def __init__(self, name: str, *, ttl: float | None = None, max_attempts: int = 3, using: str | None = None) -> None:
@@ -259,7 +260,7 @@ class Dispenser:
         except Disconnected as exc:
             # A connection lost during a statement's commit leaves its outcome unknown, and
             # running it again blindly could claim twice: whatever this assign claimed
-            # carries its token, so the read below settles it.
+            # carries its token, so the read below settles it (docs/pitfalls.md#unknown-outcome).
             logger.warning("connection lost while %s; settling by reading back: %s", what, exc)
         rows = run_repeatable(
             self.using,

@@ -344,7 +344,8 @@ class LeaderJob:
 
     @property
     def election(self) -> Election:
-        """This process's candidate (made on first use, and again in a forked child)."""
+        """This process's candidate (made on first use, and again in a forked child:
+        docs/pitfalls.md#fork)."""
         with self._making:
             election = self._election
             if election is None or not election.holder.endswith(f":{os.getpid()}"):

@@ -59,7 +59,8 @@ def resolve_alias(using: str | None) -> str:
 
 def refuse_in_single_writer_transaction(alias: str, what: str) -> None:
     """SQLite has one writer: a write on the engine's connection would wait for the caller's
-    own open transaction, so refuse instead of hanging for the busy timeout."""
+    own open transaction, so refuse instead of hanging for the busy timeout
+    (docs/pitfalls.md#sqlite)."""
     if transaction.get_connection(alias).in_atomic_block and dialect_class(connections[alias].vendor).single_writer:
         raise LeaseError(
             f"{what} inside an open transaction on {alias!r}: this database has a single writer, so it would "
@@ -74,7 +75,7 @@ def notify(topic: str, payload: Any = None, *, using: str | None = None) -> int:
     ``payload`` is any JSON-serialisable value. The change is committed at once, on the
     engine's own connection, whatever transaction the caller has open. A call whose answer
     was lost with the connection is sent again, so the version may move by two; a watcher
-    sees the latest either way.
+    sees the latest either way (docs/pitfalls.md#unknown-outcome).
     """
     topic = check_name(topic, "topic")
     text = encode_json(payload, "payload")

@@ -37,7 +37,8 @@ class Command(LeaseCommand):
         using = database or str(lease_settings.DATABASE)
         days = float(lease_settings.AUDIT_RETENTION_DAYS) if days is None else days
         age = Value(dt.timedelta(days=days), output_field=DurationField())
-        # The cutoff by the database's clock, like everything else the app judges by time.
+        # The cutoff by the database's clock, like everything else the app judges by time
+        # (docs/pitfalls.md#database-clock).
         cutoff = ExpressionWrapper(DbNow() - age, output_field=DateTimeField())
         old = LeaseEvent.objects.using(using).filter(at__lt=cutoff)
         if dry_run:

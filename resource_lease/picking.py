@@ -1,0 +1,118 @@
+"""Which row ``acquire()`` tries: a probe of one free id by primary key, else the scan.
+
+The scan (the dialect's ``acquire``: the first free row of the kind in the acquire index,
+``SKIP LOCKED`` where the database has it) is always right, but it walks the front of the
+``(kind, busy_before)`` index, which every grant and release rewrites, and on MySQL it needs
+a join. A grant of one row by its primary key costs what any single-row UPDATE costs. So each
+thread keeps, per kind, a sample of ids that were free when it last looked (a cache of ids,
+refreshed every ``PROBE_REFRESH`` seconds), and an acquire first tries one of them, chosen at
+random so that processes spread over the pool instead of meeting at its front.
+
+The cache is a hint, never trusted for the decision: the probe is the same conditional
+UPDATE as every grant (free by the database's clock, enabled, not quarantined; the
+matched-row count decides a race) and the row is read back from the database, so a
+quarantine, a disabled row or a new URL count at once. What the cache can delay is only
+that a *new* resource is probed: up to ``PROBE_REFRESH`` seconds after it was added (the
+scan, which runs whenever a probe misses, finds it at once).
+
+Under scarcity most probes would miss (the sampled row was taken meanwhile), so each kind
+keeps the fraction of recent probes that hit, and an acquire probes only with that
+probability (never below ``MIN_PROBE_RATE``, so that the estimate follows when rows free up
+again); otherwise it goes straight to the scan, which then also serves the least recently
+used row first. With plenty of free rows a probe nearly always hits, and which free row is
+granted is random, not least recently used.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import time
+from typing import Any
+
+from resource_lease.conf import lease_settings
+from resource_lease.db.base import Dialect, Row
+
+#: Ids sampled per kind (the least recently used free ones): plenty to spread contenders,
+#: small enough that refreshing the sample costs little on a pool of 100,000.
+SAMPLE_SIZE = 256
+#: Weight of the newest probe in the hit rate (an exponential moving average).
+SMOOTHING = 0.1
+#: Under scarcity, still probe this often, so the hit rate notices rows freeing up.
+MIN_PROBE_RATE = 0.05
+
+
+class Clock:
+    """The database's clock as of a read, carried forward on this machine's monotonic clock."""
+
+    __slots__ = ("at", "read_at")
+
+    def __init__(self, at: dt.datetime, read_at: float) -> None:
+        self.at = at
+        self.read_at = read_at
+
+    def now(self) -> dt.datetime:
+        """An estimate of the database's clock now (off by a round trip and by drift)."""
+        return self.at + dt.timedelta(seconds=time.monotonic() - self.read_at)
+
+
+class KindSample:
+    """One thread's view of one kind: rows that were free, and how often probing them paid."""
+
+    __slots__ = ("rows", "clock", "refresh_at", "hit_rate")
+
+    def __init__(self, rows: list[Row], clock: Clock | None, refresh_at: float, hit_rate: float) -> None:
+        self.rows = rows
+        self.clock = clock
+        self.refresh_at = refresh_at
+        self.hit_rate = hit_rate
+
+    @property
+    def ids(self) -> list[int]:
+        return [row[0] for row in self.rows]
+
+
+class Picker:
+    """Per engine connection (so per thread and alias): the kinds' samples, and the grant of
+    any free row. ``probes`` and ``probe_hits`` count what the probes did (for tests and
+    benchmarks)."""
+
+    def __init__(self) -> None:
+        self.kinds: dict[str, KindSample] = {}
+        self.probes = 0
+        self.probe_hits = 0
+
+    def sample(self, dialect: Dialect, cursor: Any, kind: str) -> KindSample:
+        """The kind's sample, read again once it is ``PROBE_REFRESH`` seconds old."""
+        entry = self.kinds.get(kind)
+        now = time.monotonic()
+        if entry is None or now >= entry.refresh_at:
+            refresh = float(lease_settings.PROBE_REFRESH)
+            rows: list[Row] = []
+            clock = None
+            if refresh > 0:
+                rows, db_now = dialect.free_rows(cursor, kind=kind, limit=SAMPLE_SIZE)
+                clock = Clock(dialect.to_datetime(db_now), time.monotonic())
+            entry = self.kinds[kind] = KindSample(rows, clock, now + refresh, 1.0 if entry is None else entry.hit_rate)
+        return entry
+
+    def grant_any(self, dialect: Dialect, cursor: Any, *, kind: str, holder: str, token: str, ttl: float) -> Row | None:
+        """Grant any free row of ``kind`` under ``token``: a probe if it is likely to pay,
+        then the scan. Both are conditional single statements under the same token, and at
+        most one of them grants, so a lost answer is settled by the token as before."""
+        entry = self.sample(dialect, cursor, kind)
+        rows = entry.rows
+        if rows and (entry.hit_rate >= 1.0 or random.random() < max(entry.hit_rate, MIN_PROBE_RATE)):
+            i = random.randrange(len(rows))
+            self.probes += 1
+            row = dialect.grant_sampled(
+                cursor, sampled=rows[i], kind=kind, holder=holder, token=token, ttl=ttl, clock=entry.clock
+            )
+            if row is not None:
+                self.probe_hits += 1
+                entry.hit_rate += SMOOTHING * (1.0 - entry.hit_rate)
+                return row
+            entry.hit_rate -= SMOOTHING * entry.hit_rate
+            rows[i] = rows[-1]  # taken (or gone): not probed again until the next refresh
+            rows.pop()
+        return dialect.acquire(cursor, kind=kind, holder=holder, token=token, ttl=ttl)
