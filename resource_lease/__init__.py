@@ -52,17 +52,17 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from resource_lease.barrier import DoubleBarrier
-    from resource_lease.config import Config
     from resource_lease.db.connections import close_connections
-    from resource_lease.dispenser import Dispenser, WorkItem
-    from resource_lease.election import Election, leader_only
-    from resource_lease.groups import Group
     from resource_lease.holder import ResourceHolder
     from resource_lease.lease import Lease, acquire
-    from resource_lease.locks import lock, semaphore, synchronized
-    from resource_lease.notifications import Watch, notify, watch
-    from resource_lease.worker import FolderWorker, Worker
+    from resource_lease.recipes.barrier import DoubleBarrier
+    from resource_lease.recipes.config import Config
+    from resource_lease.recipes.dispenser import Dispenser, WorkItem
+    from resource_lease.recipes.election import Election, leader_only
+    from resource_lease.recipes.groups import Group
+    from resource_lease.recipes.locks import lock, semaphore, synchronized
+    from resource_lease.recipes.notifications import Watch, notify, watch
+    from resource_lease.recipes.worker import FolderWorker, Worker
 
 # The names below import models, which need the app registry; resolve them on first use so
 # that ``import resource_lease`` works before django.setup() (e.g. in settings or celery.py).
@@ -71,21 +71,21 @@ _LAZY = {
     "Lease": "resource_lease.lease",
     "ResourceHolder": "resource_lease.holder",
     "close_connections": "resource_lease.db.connections",
-    "Election": "resource_lease.election",
-    "leader_only": "resource_lease.election",
-    "Dispenser": "resource_lease.dispenser",
-    "WorkItem": "resource_lease.dispenser",
-    "Worker": "resource_lease.worker",
-    "FolderWorker": "resource_lease.worker",
-    "Group": "resource_lease.groups",
-    "DoubleBarrier": "resource_lease.barrier",
-    "lock": "resource_lease.locks",
-    "semaphore": "resource_lease.locks",
-    "synchronized": "resource_lease.locks",
-    "notify": "resource_lease.notifications",
-    "watch": "resource_lease.notifications",
-    "Watch": "resource_lease.notifications",
-    "Config": "resource_lease.config",
+    "Election": "resource_lease.recipes.election",
+    "leader_only": "resource_lease.recipes.election",
+    "Dispenser": "resource_lease.recipes.dispenser",
+    "WorkItem": "resource_lease.recipes.dispenser",
+    "Worker": "resource_lease.recipes.worker",
+    "FolderWorker": "resource_lease.recipes.worker",
+    "Group": "resource_lease.recipes.groups",
+    "DoubleBarrier": "resource_lease.recipes.barrier",
+    "lock": "resource_lease.recipes.locks",
+    "semaphore": "resource_lease.recipes.locks",
+    "synchronized": "resource_lease.recipes.locks",
+    "notify": "resource_lease.recipes.notifications",
+    "watch": "resource_lease.recipes.notifications",
+    "Watch": "resource_lease.recipes.notifications",
+    "Config": "resource_lease.recipes.config",
 }
 
 

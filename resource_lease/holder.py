@@ -33,7 +33,7 @@ from django.db import connections as django_connections
 from django.db import transaction
 
 from resource_lease.db.connections import close_connections
-from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost, NoResourceAvailable
+from resource_lease.exceptions import LeaseError, LeaseLost, NoResourceAvailable
 from resource_lease.holder_config import HolderConfig, check_thread_name
 from resource_lease.holder_registry import install_sigterm_handler, live_holders, register, terminate_all, unregister
 from resource_lease.holder_state import (
@@ -44,6 +44,7 @@ from resource_lease.holder_state import (
     release_quietly,
 )
 from resource_lease.lease import Lease
+from resource_lease.renewal import renew_once
 from resource_lease.validation import check_timeout
 
 logger = logging.getLogger("resource_lease")
@@ -215,33 +216,12 @@ class ResourceHolder(HolderStateMachine, metaclass=abc.ABCMeta):
         if now < due:
             return due - now
         sent_at = now
-        try:
-            lease.renew()
-        except LeaseLost as exc:
-            if self._current is lease and not lease.released:
-                self._handle_loss(lease, validated, lease.lost_reason or str(exc))
-            return 0.0
-        except LeaseDatabaseError as exc:
-            if lease.remaining() > 0:
-                logger.warning("%s: renewing %r failed, retrying: %s", self.name, lease, exc)
-                return max(0.05, min(1.0, lease.remaining() / 4))
-            if self._current is lease:
-                self._handle_loss(lease, validated, f"could not renew before the local deadline: {exc}")
-            return 0.0
-        except Exception as exc:  # a bug must be loud, never a quietly dead renewal
-            logger.exception("%s: renewing %r failed unexpectedly", self.name, lease)
-            if self._current is lease:
-                self._handle_loss(lease, validated, f"renewal failed: {exc!r}")
-            return 0.0
-        took = time.monotonic() - sent_at
-        if took > self._renew_interval and self._current is lease:
-            logger.warning(
-                "%s: renewing %r took %.3fs, longer than the renew interval %.3fs",
-                self.name,
-                lease,
-                took,
-                self._renew_interval,
-            )
+        held = _HeldLease(lease)
+        step = renew_once(held, interval=self._renew_interval, prefix=f"{self.name}: ")
+        if not step.renewed:
+            if held.lost_reason is not None and self._current is lease:
+                self._handle_loss(lease, validated, held.lost_reason)
+            return 0.0 if step.retry_in is None else step.retry_in
         with self._state_lock:
             if self._current is lease:
                 self._sent_at = sent_at
@@ -309,6 +289,35 @@ class ResourceHolder(HolderStateMachine, metaclass=abc.ABCMeta):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.terminate()
+
+
+class _HeldLease:
+    """The holder's current lease as the renewal policy sees it (``renewal.Renewable``).
+
+    A loss is only recorded here (``lost_reason``): the holder thread handles it once the
+    renewal step is over, since handling it means acquiring another resource.
+    """
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+        self.lost_reason: str | None = None
+
+    def __repr__(self) -> str:
+        return repr(self.lease)
+
+    def renew(self) -> object:
+        try:
+            return self.lease.renew()
+        except LeaseLost as exc:
+            if not self.lease.released:  # given back meanwhile (close()): not a loss
+                self.lost_reason = self.lease.lost_reason or str(exc)
+            raise
+
+    def remaining(self) -> float:
+        return self.lease.remaining()
+
+    def mark_lost(self, reason: str) -> None:
+        self.lost_reason = reason
 
 
 __all__ = [

@@ -27,7 +27,7 @@ from resource_lease.lease import Lease, attempt_grant, safety_margin
 from resource_lease.lease import acquire as lease_acquire
 from resource_lease.models import Resource
 from resource_lease.validation import check_holder
-from resource_lease.waiting import Backoff
+from resource_lease.waiting import wait_for
 
 logger = logging.getLogger("resource_lease")
 
@@ -217,31 +217,31 @@ class HolderStateMachine(threading.Thread, metaclass=abc.ABCMeta):
                     self._current, self._validated = None, False
             release_quietly(current)
         self._register()
-        deadline = None if wait is None else time.monotonic() + wait
-        backoff = Backoff()
-        while True:
-            self._raise_if_cancelled(epoch)
-            try:
-                lease = self._grab(give_up_if_empty=not in_thread)
-                if lease is not None and self._accept(lease, epoch):
-                    return lease
-            except (AcquireCancelled, NoResourceAvailable):
-                raise
-            except Exception as exc:
-                if not in_thread:
+
+        def attempt() -> Lease | None:
+            while True:
+                self._raise_if_cancelled(epoch)
+                try:
+                    lease = self._grab(give_up_if_empty=not in_thread)
+                    if lease is None or self._accept(lease, epoch):
+                        return lease
+                except (AcquireCancelled, NoResourceAvailable):
                     raise
-                # The thread has nobody to raise to: say it, wait, try again.
-                logger.warning("%s: acquiring a fresh %r resource failed, retrying: %r", self.name, self._kind, exc)
-                lease = None
-            if lease is not None:
-                continue  # it was invalid (quarantined) or lost while checked: next one now
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                raise NoResourceAvailable(
-                    f"no valid resource of kind {self._kind!r} could be held within {wait:g}s", kind=self._kind
-                )
-            pause = backoff.next()
-            self._stopping.wait(pause if deadline is None else min(pause, deadline - now))
+                except Exception as exc:
+                    if not in_thread:
+                        raise
+                    # The thread has nobody to raise to: say it, wait, try again.
+                    logger.warning("%s: acquiring a fresh %r resource failed, retrying: %r", self.name, self._kind, exc)
+                    return None
+                # It was invalid (quarantined) or lost while checked: the next one now.
+
+        # Paused on _stopping, so terminate() ends the wait at once (the next attempt raises).
+        lease = wait_for(attempt, timeout=wait, sleep=self._stopping.wait)
+        if lease is None:
+            raise NoResourceAvailable(
+                f"no valid resource of kind {self._kind!r} could be held within {wait:g}s", kind=self._kind
+            )
+        return lease
 
     def _raise_if_cancelled(self, epoch: int) -> None:
         if self._stopping.is_set():

@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import transaction
 
-from resource_lease import signals
+from resource_lease import renewal, signals
 from resource_lease.conf import lease_settings
 from resource_lease.db.base import Row
 from resource_lease.db.connections import Disconnected, LockWaitTimeout, lease_connection, run, run_repeatable
@@ -82,7 +82,6 @@ class Lease:
         self.lost_reason = ""
         self._pid = os.getpid()
         self._released = False
-        self._auto_renew = False
         self._lock = threading.Lock()
         self._fenced = 0  # open fenced() blocks, which hold the resource's row lock
         self._deadline = sent_at + ttl - safety_margin(ttl)
@@ -163,11 +162,7 @@ class Lease:
             if self._released:
                 return False
             self._released = True
-            was_renewing, self._auto_renew = self._auto_renew, False
-        if was_renewing:
-            from resource_lease.renewal import renewer
-
-            renewer().wake()
+        renewal.renewer().discard(self)  # no more background renewals
         key = self._key()
         what = f"releasing {self.resource}"
         try:
@@ -219,13 +214,16 @@ class Lease:
 
     # -- loss and renewal ------------------------------------------------------------
 
-    def _mark_lost(self, reason: str) -> None:
+    def mark_lost(self, reason: str) -> None:
+        """Record that the lease is gone, once: ``lost`` turns True with ``lost_reason``, its
+        background renewal stops, ``lease_lost`` is sent and ``on_lost`` called. For what
+        learns of the loss outside the lease (the renewal policy, a recipe's fenced write)."""
         with self._lock:
             if self.lost_event.is_set() or self._released:
                 return
             self.lost_reason = reason
-            self._auto_renew = False
             self.lost_event.set()
+        renewal.renewer().discard(self)
         logger.warning("lease lost: %r: %s", self, reason)
         signals.lease_lost.send(sender=Resource, lease=self, reason=reason)
         if self.on_lost is not None:
@@ -234,10 +232,11 @@ class Lease:
             except Exception:
                 logger.exception("on_lost callback of %r raised", self)
 
-    def _renew_in_background(self) -> float | None:
-        """One renewal by the renewal thread; seconds until the next, or None to stop."""
-        if not self._auto_renew:
-            return None
+    _mark_lost = mark_lost  # the name this module's own callers use
+
+    def renew_in_background(self) -> float | None:
+        """One renewal by the renewal thread (``renewal.Renewer``), under the one failure
+        policy (``renewal.renew_once``); seconds until the next, or None to stop."""
         interval = self.ttl * float(lease_settings.RENEW_FRACTION)
         if self._fenced and time.monotonic() < self._deadline:
             # A fenced() block of this process holds the row lock: the renewal would wait
@@ -245,25 +244,8 @@ class Lease:
             # with it. Ask again shortly; the block's end lets the renewal through (past
             # the local deadline, renew() below reports the loss without asking).
             return min(interval, 0.05)
-        started = time.monotonic()
-        try:
-            self.renew()
-        except LeaseLost:
-            return None
-        except (LeaseDatabaseError, Disconnected) as exc:
-            if time.monotonic() >= self._deadline:
-                self._mark_lost(f"could not renew before the local deadline: {exc}")
-                return None
-            logger.warning("renewing %r failed, retrying: %s", self, exc)
-            return max(0.05, min(1.0, self.remaining() / 4))
-        except Exception as exc:  # a bug must be loud, never a quietly dead renewal
-            logger.exception("renewing %r failed unexpectedly", self)
-            self._mark_lost(f"renewal failed: {exc!r}")
-            return None
-        took = time.monotonic() - started
-        if took > interval:
-            logger.warning("renewing %r took %.3fs, longer than the renew interval %.3fs", self, took, interval)
-        return interval
+        step = renewal.renew_once(self, interval=interval)
+        return interval if step.renewed else step.retry_in
 
     # -- context manager -------------------------------------------------------------
 
@@ -338,10 +320,7 @@ def granted(lease: Lease, *, auto_renew: bool) -> Lease:
     """Announce a new grant (``lease_granted``) and start its background renewal if asked."""
     signals.lease_granted.send(sender=Resource, lease=lease)
     if auto_renew:
-        from resource_lease.renewal import renewer
-
-        lease._auto_renew = True
-        renewer().add(lease)
+        renewal.renewer().add(lease)
     return lease
 
 

@@ -63,13 +63,22 @@ def try_grant(
     alias: str, kind: str, name: str, *, holder: str, ttl: float, on_lost: OnLost | None = None
 ) -> Lease | None:
     """One attempt at granting the row ``(kind, name)``, created first if need be; the
-    Lease, or None if the row is held by someone else (or disabled)."""
-    ensure(alias, kind, [name])
+    Lease, or None if the row is held by someone else (or disabled).
+
+    A miss on a row that no longer exists (an operator deleted it, a test flushed the
+    table) is not taken for "held": the row is made again and granted at once.
+    """
 
     def statement(d: Any, c: Any, token: str) -> Any:
         return d.grant_named(c, kind=kind, name=name, holder=holder, token=token, ttl=ttl)
 
-    return attempt_grant(kind, ttl=ttl, holder=holder, alias=alias, on_lost=on_lost, statement=statement)
+    ensure(alias, kind, [name])
+    lease = attempt_grant(kind, ttl=ttl, holder=holder, alias=alias, on_lost=on_lost, statement=statement)
+    if lease is None and name not in read(alias, kind, [name]).rows:
+        forget(alias, kind, name)
+        ensure(alias, kind, [name])
+        lease = attempt_grant(kind, ttl=ttl, holder=holder, alias=alias, on_lost=on_lost, statement=statement)
+    return lease
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Waiting for a grant: one loop with jittered backoff for every primitive that waits.
 
-``acquire()``, named locks, semaphores, elections and barriers all wait the same way: try,
-and while nothing is granted, sleep a randomised, growing pause (capped by
+``acquire()``, the threaded holder, named locks, semaphores, elections and barriers all wait
+the same way: try, and while nothing is granted, sleep a randomised, growing pause (capped by
 ``RESOURCE_LEASE["BACKOFF_MAX"]``, 1 s by default) until the caller's timeout runs out.
 """
 
@@ -30,9 +30,18 @@ class Backoff:
         return self._last
 
 
-def wait_for(attempt: Callable[[], T | None], *, timeout: float | None) -> T | None:
+def wait_for(
+    attempt: Callable[[], T | None],
+    *,
+    timeout: float | None,
+    sleep: Callable[[float], object] = time.sleep,
+) -> T | None:
     """Call ``attempt`` until it returns something other than None, or ``timeout`` seconds
-    (None: for ever; 0: one attempt) have passed; then None. Exceptions propagate at once."""
+    (None: for ever; 0: one attempt) have passed; then None. Exceptions propagate at once.
+
+    ``sleep(seconds)`` pauses between attempts; a waiter that must stop early passes one it
+    can interrupt (``threading.Event.wait``) and raises from its next ``attempt``.
+    """
     deadline = None if timeout is None else time.monotonic() + timeout
     backoff = Backoff()
     while True:
@@ -43,4 +52,4 @@ def wait_for(attempt: Callable[[], T | None], *, timeout: float | None) -> T | N
         if deadline is not None and now >= deadline:
             return None
         pause = backoff.next()
-        time.sleep(pause if deadline is None else min(pause, deadline - now))
+        sleep(pause if deadline is None else min(pause, deadline - now))

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from resource_lease import BarrierTimeout, DoubleBarrier, LeaseError, named
-from resource_lease.barrier import CONTROL_KIND, barriers, read_state
 from resource_lease.models import Resource
+from resource_lease.recipes.barrier import CONTROL_KIND, barriers, read_state
 from tests.reports import Reports
 
 pytestmark = pytest.mark.django_db(transaction=True)

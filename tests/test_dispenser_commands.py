@@ -115,7 +115,10 @@ def test_run_worker_drains_and_shows_progress() -> None:
 
 @pytest.mark.parametrize(
     ("path", "message"),
-    [("no.such.Worker", "cannot import"), ("resource_lease.dispenser.Dispenser", "not a resource_lease.Worker")],
+    [
+        ("no.such.Worker", "cannot import"),
+        ("resource_lease.recipes.dispenser.Dispenser", "not a resource_lease.Worker"),
+    ],
 )
 def test_run_worker_bad_class(path: str, message: str) -> None:
     with pytest.raises(CommandError, match=message):

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from resource_lease import Group, MemberTaken
-from resource_lease.groups import rendezvous_owner
 from resource_lease.models import Resource
 from resource_lease.pool import force_release
+from resource_lease.recipes.groups import rendezvous_owner
 from tests.reports import Reports
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from resource_lease import Election, LeaseLost, leader_only
-from resource_lease.election import default_candidate
 from resource_lease.models import Resource
 from resource_lease.pool import database_now, force_release
+from resource_lease.recipes.election import default_candidate
 from tests import leadership
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -25,10 +25,10 @@ from resource_lease import (
     semaphore,
     synchronized,
 )
-from resource_lease import locks as locks_module
-from resource_lease.locks import LOCK_KIND, semaphore_kind, slot_name
 from resource_lease.models import Resource
 from resource_lease.pool import database_now, force_release
+from resource_lease.recipes import locks as locks_module
+from resource_lease.recipes.locks import LOCK_KIND, semaphore_kind, slot_name
 from tests import ledger
 from tests.ledger import check
 
@@ -157,6 +157,19 @@ def test_a_lock_row_deleted_by_an_operator_is_made_again() -> None:
     again = lock("deleted", ttl=30, auto_renew=False)
     assert again.fence == 1
     again.release()
+
+
+def test_a_lock_row_deleted_by_an_operator_is_granted_at_once_to_a_waiter() -> None:
+    # Deleted while held: the holder's release finds nothing of its own, and a waiter with a
+    # long timeout is granted the row made again at once (not after its timeout).
+    held = lock("deleted-while-held", ttl=30, auto_renew=False)
+    Resource.objects.filter(kind=LOCK_KIND, name="deleted-while-held").delete()
+    started = time.monotonic()
+    again = lock("deleted-while-held", ttl=30, timeout=60, auto_renew=False)
+    assert time.monotonic() - started < 10
+    assert again.fence == 1 and again.is_held()
+    assert not held.release()
+    assert again.release()
 
 
 def test_brand_new_lock_name_used_by_8_processes_at_once_has_one_winner(spawn_worker, tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from django.db import connection, transaction
 from resource_lease import LeaseError, Watch, notify, watch
 from resource_lease.db.connections import close_connections
 from resource_lease.models import Topic
-from resource_lease.notifications import topic_state
+from resource_lease.recipes.notifications import topic_state
 from tests.faults.harness import Child
 from tests.notify_helpers import check_deliveries, deliveries, notify_child, quantile, wait_version
 

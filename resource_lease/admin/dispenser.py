@@ -17,9 +17,9 @@ from django.utils.http import urlencode
 
 from resource_lease.admin.resources import CSS, _badge, _plural
 from resource_lease.db import DbNow
-from resource_lease.dispenser import Dispenser, dispenser_counts
 from resource_lease.display import database_time, format_duration
 from resource_lease.models import DispenserItem
+from resource_lease.recipes.dispenser import Dispenser, dispenser_counts
 
 COUNTED = ("pending", "assigned", "done", "failed")
 

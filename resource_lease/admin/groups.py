@@ -22,9 +22,9 @@ from django.utils.dateparse import parse_datetime
 from resource_lease import pool
 from resource_lease.admin.resources import CSS, ReadOnlyAdmin, StateFilter, _actor, _badge, _breakable, _plural
 from resource_lease.audit import acting_as
-from resource_lease.barrier import barriers
 from resource_lease.display import current_holder, database_time, format_duration, with_display_state
 from resource_lease.models import COORDINATION_PREFIX, BarrierOverview, GroupMember, Resource
+from resource_lease.recipes.barrier import barriers
 
 GROUP_PREFIX = f"{COORDINATION_PREFIX}group:"
 

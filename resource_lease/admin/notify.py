@@ -17,8 +17,8 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html
 
 from resource_lease.admin.resources import CSS, ReadOnlyAdmin
-from resource_lease.config import parse_text, store_entry
 from resource_lease.models import ConfigEntry, Topic
+from resource_lease.recipes.config import parse_text, store_entry
 
 #: Longest JSON shown in a list cell.
 SHORT = 80

@@ -33,8 +33,8 @@ from celery.utils.time import maybe_make_aware
 from resource_lease.exceptions import LeaseError, LeaseLost
 
 if TYPE_CHECKING:
-    from resource_lease.election import Election
     from resource_lease.lease import Lease
+    from resource_lease.recipes.election import Election
 
 logger = logging.getLogger("resource_lease.beat")
 
@@ -66,7 +66,7 @@ class LeaderScheduler(Scheduler):
     def setup_schedule(self) -> None:
         _django_ready()
         from resource_lease.conf import lease_settings
-        from resource_lease.election import Election
+        from resource_lease.recipes.election import Election
 
         super().setup_schedule()
         conf = self.app.conf

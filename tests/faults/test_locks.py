@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from resource_lease import LockHeld, lock
-from resource_lease.locks import LOCK_KIND
 from resource_lease.models import Resource
+from resource_lease.recipes.locks import LOCK_KIND
 from tests.faults.harness import Child, rounds, spread
 from tests.grants import Grant, exclusion_violations
 

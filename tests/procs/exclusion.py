@@ -52,8 +52,8 @@ def naive_release(pk: int) -> None:
 def naive_rows(args: argparse.Namespace) -> Any:
     """The rows the negative control takes from: the pool of ``--kind``, or the lock's row."""
     from resource_lease import named
-    from resource_lease.locks import LOCK_KIND
     from resource_lease.models import Resource
+    from resource_lease.recipes.locks import LOCK_KIND
 
     if args.kind:
         return Resource.objects.filter(kind=args.kind)

@@ -43,7 +43,7 @@ def main() -> None:
     setup()
 
     from resource_lease import LeaseLost, leader_only
-    from resource_lease.election import LeaderJob
+    from resource_lease.recipes.election import LeaderJob
     from tests.leadership import EventLog, record_unit
     from tests.ledger import critical_section
 

@@ -105,7 +105,7 @@ def watch(args: argparse.Namespace) -> None:
 
 def naive_payload_watch(topic: str, callback: Any, poll: float) -> Any:
     """The negative control: a change is a payload that differs from the last one seen."""
-    from resource_lease.notifications import topic_state
+    from resource_lease.recipes.notifications import topic_state
 
     stopping = threading.Event()
     last = topic_state(topic)[1]

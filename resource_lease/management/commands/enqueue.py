@@ -13,8 +13,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from resource_lease.dispenser import Dispenser, check_key, check_name, check_payload
 from resource_lease.management.commands._arguments import database_argument
+from resource_lease.recipes.dispenser import Dispenser, check_key, check_name, check_payload
 
 
 class Command(BaseCommand):

@@ -14,10 +14,10 @@ from django.db.models import Count, Min
 
 from resource_lease.conf import lease_settings
 from resource_lease.db import DbNow
-from resource_lease.dispenser import dispenser_counts
 from resource_lease.management.commands._arguments import database_argument
 from resource_lease.models import DispenserItem
 from resource_lease.pool import database_now
+from resource_lease.recipes.dispenser import dispenser_counts
 
 STATES = ("pending", "assigned", "done", "failed")
 

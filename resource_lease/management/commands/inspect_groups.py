@@ -13,10 +13,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from resource_lease.barrier import barriers
 from resource_lease.conf import lease_settings
-from resource_lease.groups import groups
 from resource_lease.management.commands._arguments import database_argument
+from resource_lease.recipes.barrier import barriers
+from resource_lease.recipes.groups import groups
 
 
 def _iso(value: dt.datetime) -> str:

@@ -11,8 +11,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.module_loading import import_string
 
-from resource_lease.dispenser import WorkItem
-from resource_lease.worker import Worker
+from resource_lease.recipes.dispenser import WorkItem
+from resource_lease.recipes.worker import Worker
 
 
 class Command(BaseCommand):

@@ -90,8 +90,8 @@ class Command(BaseCommand):
         self._summary(scratch, held, killed_at, ttl)
 
     def _summary(self, scratch: Path, held: dict[str, Any], killed_at: float, ttl: float) -> None:
-        from resource_lease.locks import LOCK_KIND
         from resource_lease.models import Resource
+        from resource_lease.recipes.locks import LOCK_KIND
 
         turns = sorted(
             (json.loads(line) for path in scratch.glob("ledger-*") for line in path.read_text().splitlines()),

@@ -23,11 +23,12 @@ from typing import Any
 
 from resource_lease.conf import lease_settings
 from resource_lease.db.connections import close_connections
-from resource_lease.dispenser import Dispenser, WorkItem, check_count, check_key, check_name, check_pattern
 from resource_lease.exceptions import LeaseError
 from resource_lease.lease import default_holder
+from resource_lease.recipes.dispenser import Dispenser, WorkItem, check_count, check_key, check_name, check_pattern
 from resource_lease.validation import check_seconds
 
+# Named before the module moved into recipes/, and kept: logging configurations name it.
 logger = logging.getLogger("resource_lease.worker")
 
 

@@ -28,6 +28,7 @@ from resource_lease.conf import lease_settings
 from resource_lease.db.connections import close_connections
 from resource_lease.exceptions import LeaseError, LeaseLost, NoResourceAvailable
 from resource_lease.lease import Lease, granted, refuse_inside_single_writer_transaction
+from resource_lease.renewal import renewer
 from resource_lease.validation import (
     check_alias,
     check_callable,
@@ -131,13 +132,7 @@ class Election:
     def _grant_once(self, *, auto_renew: bool) -> Lease | None:
         lease = named.try_grant(self.using, KIND, self.name, holder=self.holder, ttl=self.ttl, on_lost=self._lost)
         if lease is None:
-            if self.name in named.read(self.using, KIND, [self.name]).rows:
-                return None
-            # The row is gone (an operator deleted it): make it again and stand at once.
-            named.forget(self.using, KIND, self.name)
-            lease = named.try_grant(self.using, KIND, self.name, holder=self.holder, ttl=self.ttl, on_lost=self._lost)
-            if lease is None:
-                return None
+            return None
         with self._lock:
             self._lease = lease
         logger.info("elected: %s leads %r (fence %d)", self.holder, self.name, lease.fence)
@@ -165,7 +160,7 @@ class Election:
             return False
         if lease.is_held():
             return True
-        lease._mark_lost("the database no longer has this candidate as the leader")
+        lease.mark_lost("the database no longer has this candidate as the leader")
         return False
 
     def leader(self) -> str | None:
@@ -204,7 +199,7 @@ class Election:
             raise LeaseLost(f"{self!r} is not the leader: its state is not ours to save")
         lease.check()
         if not named.write_data(lease, state):
-            lease._mark_lost("a fenced write of the election's state found the leadership expired or taken")
+            lease.mark_lost("a fenced write of the election's state found the leadership expired or taken")
             raise LeaseLost(f"{lease!r}: {lease.lost_reason}")
 
     # -- run, start, stop ------------------------------------------------------------
@@ -393,26 +388,23 @@ class LeaderJob:
         return election._grant_once(auto_renew=False)
 
     def _run(self, lease: Lease, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        from resource_lease.renewal import renewer
-
         state = dict(lease.resource.data or {})  # as granted or as we last stored it
-        lease._auto_renew = True  # renewed in the background while the body runs
-        renewer().add(lease)
+        renewer().add(lease)  # renewed in the background while the body runs
         try:
             result = self.func(*args, **kwargs, **state)
         except BaseException:
-            lease._auto_renew = False
+            renewer().discard(lease)
             try:
                 lease.renew()  # the leadership outlives a failed run too
             except LeaseError:
                 logger.warning("renewing %r after its job failed did not work", lease, exc_info=True)
             raise
-        lease._auto_renew = False
+        renewer().discard(lease)
         if result is not None:
             check_state(result, f"the return value of {self.name!r}")
         lease.renew()  # LeaseLost: the run lost its leadership, nothing is stored
         if result is not None and not named.write_data(lease, result):
-            lease._mark_lost("a fenced write of the job's state found the leadership expired or taken")
+            lease.mark_lost("a fenced write of the job's state found the leadership expired or taken")
             raise LeaseLost(f"{lease!r}: {lease.lost_reason}")
         return result
 

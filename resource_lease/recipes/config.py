@@ -22,7 +22,7 @@ from typing import Any, cast
 from resource_lease.db.connections import run_repeatable
 from resource_lease.db.topics import channel, statements
 from resource_lease.models import ConfigEntry
-from resource_lease.notifications import (
+from resource_lease.recipes.notifications import (
     POLL,
     Watch,
     check_poll,

@@ -127,11 +127,8 @@ def lock(
     def refusal() -> LockHeld | None:
         snapshot = named.read(call.alias, LOCK_KIND, [name])
         row = snapshot.rows.get(name)
-        if row is None:  # deleted behind the cache's back: made again on the next attempt
-            named.forget(call.alias, LOCK_KIND, name)
-            return None
-        if not snapshot.is_live(row):
-            return None
+        if row is None or not snapshot.is_live(row):
+            return None  # deleted or let go since the attempt: try again
         return _held(f"lock {name!r} is held", name=name, kind=LOCK_KIND, row=row, timeout=call.timeout)
 
     lease = _take(attempt, refusal, timeout=call.timeout, what=f"lock {name!r}", name=name)

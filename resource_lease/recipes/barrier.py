@@ -31,9 +31,9 @@ from typing import Any
 from resource_lease import named
 from resource_lease.conf import lease_settings
 from resource_lease.exceptions import BarrierTimeout, LeaseError, MemberTaken
-from resource_lease.groups import check_member, grant_row, process_holder
 from resource_lease.lease import Lease, granted, refuse_inside_single_writer_transaction
 from resource_lease.models import Resource
+from resource_lease.recipes.groups import check_member, process_holder
 from resource_lease.validation import check_alias, check_name, check_seconds, check_timeout
 from resource_lease.waiting import wait_for
 
@@ -161,7 +161,7 @@ class DoubleBarrier:
         return list(self.cohort)
 
     def _take(self) -> Lease | None:
-        lease = grant_row(self.using, self.kind, self.member, holder=self.holder, ttl=self.ttl)
+        lease = named.try_grant(self.using, self.kind, self.member, holder=self.holder, ttl=self.ttl)
         return None if lease is None else granted(lease, auto_renew=True)
 
     def _ours_in(self, state: dict[str, Any]) -> tuple[int, list[tuple[str, int]]] | None:
@@ -193,7 +193,7 @@ class DoubleBarrier:
         waiting = [n for n in members.live_names() if (n, members.rows[n].fence) not in cohort_of(state)]
         if inside(cohort_of(state), members) or len(waiting) < self.requested_size:
             return None  # cheap pre-check: nothing to form (decided again under the lease)
-        control = grant_row(self.using, CONTROL_KIND, self.name, holder=self.holder, ttl=self.ttl)
+        control = named.try_grant(self.using, CONTROL_KIND, self.name, holder=self.holder, ttl=self.ttl)
         if control is None:
             return None  # someone else is forming (or withdrawing)
         try:
@@ -231,7 +231,7 @@ class DoubleBarrier:
         assert lease is not None and lease is not _PENDING
 
         def take_control() -> Lease | None:
-            return grant_row(self.using, CONTROL_KIND, self.name, holder=self.holder, ttl=self.ttl)
+            return named.try_grant(self.using, CONTROL_KIND, self.name, holder=self.holder, ttl=self.ttl)
 
         control = wait_for(take_control, timeout=self.ttl + 1.0)
         try:

@@ -91,18 +91,6 @@ def rendezvous_owner(key: Key, members: Iterable[str]) -> str | None:
     return max(members, key=lambda m: (_weight(m, raw), m), default=None)
 
 
-def grant_row(
-    using: str, kind: str, name: str, *, holder: str, ttl: float, on_lost: Callable[[Lease], Any] | None = None
-) -> Lease | None:
-    """``named.try_grant``, and once more if the row turned out not to exist (an operator
-    deleted it, or a test flushed the table): it is made again rather than waited for."""
-    lease = named.try_grant(using, kind, name, holder=holder, ttl=ttl, on_lost=on_lost)
-    if lease is None and name not in named.read(using, kind, [name]).rows:
-        named.forget(using, kind, name)
-        lease = named.try_grant(using, kind, name, holder=holder, ttl=ttl, on_lost=on_lost)
-    return lease
-
-
 class GroupWatch:
     """A watch on a group's membership: one thread that reads ``members()`` every ``poll``
     seconds and calls ``callback(members)`` when the list changed (never two calls at once)."""
@@ -223,7 +211,9 @@ class Group:
     def _take(self) -> Lease | None:
         """One attempt at the member row; on success its data is written (fenced) and its
         background renewal started."""
-        lease = grant_row(self.using, self.kind, self.member, holder=self.holder, ttl=self.ttl, on_lost=self._on_lost)
+        lease = named.try_grant(
+            self.using, self.kind, self.member, holder=self.holder, ttl=self.ttl, on_lost=self._on_lost
+        )
         if lease is None:
             return None
         if not named.write_data(lease, self.data):
