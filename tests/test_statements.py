@@ -43,7 +43,7 @@ def test_a_template_naming_an_unknown_piece_is_refused() -> None:
 
 def test_a_returning_statement_without_a_read_back_is_refused_where_rows_are_read_back() -> None:
     update = statements.Returning("UPDATE t SET a = 1")
-    assert statements.render({"X": update}, {"columns": "a"}, statements.RETURNING) == {
+    assert statements.render({"X": update}, {"columns": "a", "table": "t"}, statements.RETURNING) == {
         "X": "UPDATE t SET a = 1 RETURNING a"
     }
     with pytest.raises(ValueError, match="no row to read back"):
