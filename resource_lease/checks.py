@@ -10,11 +10,8 @@ from django.core.checks import Warning as CheckWarning
 from django.db import connections
 
 from resource_lease.conf import LeaseSettings, combination_problems, value_problem
-from resource_lease.db import SUPPORTED_VENDORS
-
-#: MySQLdb.constants.CLIENT.FOUND_ROWS (the MySQL protocol's CLIENT_FOUND_ROWS), without
-#: importing the driver on other vendors (docs/pitfalls.md#found-rows).
-_MYSQL_CLIENT_FOUND_ROWS = 2
+from resource_lease.db import SUPPORTED_VENDORS, dialect_class, engine_vendor
+from resource_lease.db.sqlite_options import in_memory
 
 
 def _lease_alias() -> Any:
@@ -80,20 +77,17 @@ def check_databases(app_configs: Any = None, databases: Any = None, **kwargs: An
                 )
             )
             continue
-        if connection.vendor == "mysql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT TIMESTAMPDIFF(SECOND, UTC_TIMESTAMP(), NOW())")
-                (offset,) = cursor.fetchone()
-            if offset:
-                errors.append(
-                    CheckWarning(
-                        f"Database {alias!r}: the MySQL session time zone is {offset / 3600:+g}h from UTC, so "
-                        "NOW() and CURRENT_TIMESTAMP disagree with the UTC datetimes Django stores.",
-                        hint='Add "init_command": "SET time_zone=\'+00:00\'" to OPTIONS. (The lease engine '
-                        "itself uses UTC_TIMESTAMP and is not affected; your own queries are.)",
-                        id="resource_lease.W001",
-                    )
+        offset = dialect_class(connection.vendor).session_zone_offset(connection)
+        if offset:
+            errors.append(
+                CheckWarning(
+                    f"Database {alias!r}: the MySQL session time zone is {offset / 3600:+g}h from UTC, so "
+                    "NOW() and CURRENT_TIMESTAMP disagree with the UTC datetimes Django stores.",
+                    hint='Add "init_command": "SET time_zone=\'+00:00\'" to OPTIONS. (The lease engine '
+                    "itself uses UTC_TIMESTAMP and is not affected; your own queries are.)",
+                    id="resource_lease.W001",
                 )
+            )
     return errors
 
 
@@ -102,7 +96,8 @@ def check_vendor_static(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     errors: list[CheckMessage] = []
     for alias, conf in settings.DATABASES.items():
         engine = conf.get("ENGINE", "")
-        if alias == _lease_alias() and not any(v in engine for v in ("mysql", "postgresql", "sqlite3")):
+        vendor = engine_vendor(engine)
+        if alias == _lease_alias() and vendor is None:
             errors.append(
                 Error(
                     f"Database {alias!r} uses {engine!r}; resource_lease supports MySQL/MariaDB, "
@@ -110,8 +105,7 @@ def check_vendor_static(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
                     id="resource_lease.E002",
                 )
             )
-        client_flag = (conf.get("OPTIONS") or {}).get("client_flag")
-        if "mysql" in engine and client_flag is not None and not int(client_flag) & _MYSQL_CLIENT_FOUND_ROWS:
+        if vendor is not None and dialect_class(vendor).counts_changed_rows(conf.get("OPTIONS") or {}):
             errors.append(
                 CheckWarning(
                     f"Database {alias!r}: OPTIONS['client_flag'] replaces the CLIENT.FOUND_ROWS flag Django "
@@ -122,17 +116,14 @@ def check_vendor_static(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
                     id="resource_lease.W003",
                 )
             )
-        if "sqlite3" in engine and alias == _lease_alias():
-            name = str(conf.get("NAME", ""))
-            if name in ("", ":memory:"):
-                errors.append(
-                    CheckWarning(
-                        f"Database {alias!r} is an in-memory SQLite database: leases cannot be shared "
-                        "between processes.",
-                        hint="Use a file, with WAL, a busy timeout and transaction_mode IMMEDIATE.",
-                        id="resource_lease.W002",
-                    )
+        if alias == _lease_alias() and in_memory(conf):
+            errors.append(
+                CheckWarning(
+                    f"Database {alias!r} is an in-memory SQLite database: leases cannot be shared between processes.",
+                    hint="Use a file, with WAL, a busy timeout and transaction_mode IMMEDIATE.",
+                    id="resource_lease.W002",
                 )
+            )
     return errors
 
 
@@ -244,7 +235,7 @@ def check_galera(app_configs: Any = None, databases: Any = None, **kwargs: Any) 
     errors: list[CheckMessage] = []
     for alias in databases or ():
         connection = connections[alias]
-        if connection.vendor != "mysql":
+        if not galera.may_be_node(connection):
             continue
         try:
             hosts = galera.cluster_hosts(connection.settings_dict)
@@ -272,7 +263,7 @@ def check_galera(app_configs: Any = None, databases: Any = None, **kwargs: Any) 
             name = f"{host}:{port}"
             if name == where:
                 continue
-            node_report = _galera_report_of(connection, host, port)
+            node_report = galera.node_report_at(connection, host, port)
             if isinstance(node_report, str):
                 errors.append(
                     CheckWarning(
@@ -287,31 +278,6 @@ def check_galera(app_configs: Any = None, databases: Any = None, **kwargs: Any) 
             clocks[name] = node_report["utc_now"]
         errors += _galera_clock_messages(alias, clocks)
     return errors
-
-
-def _galera_report_of(connection: Any, host: str, port: int) -> dict[str, str] | str:
-    """A node's report through a throwaway connection, or why it could not be had."""
-    import MySQLdb
-    from django.db import DatabaseError
-
-    from resource_lease.db import galera
-
-    # A bare driver connection: no init_command nor Django's session set-up, which a node
-    # outside the primary component would refuse (error 1047) before it could be asked why.
-    settings_dict = {**connection.settings_dict, "HOST": host, "PORT": str(port)}
-    params = type(connection)(settings_dict, connection.alias).get_connection_params()
-    params.pop("init_command", None)
-    try:
-        raw = MySQLdb.connect(**params)
-    except (DatabaseError, MySQLdb.Error) as exc:  # the check reports a dead node, it does not crash on it
-        return str(exc)
-    try:
-        cursor = raw.cursor()
-        return galera.node_report(cursor) or {}
-    except (DatabaseError, MySQLdb.Error) as exc:
-        return str(exc)
-    finally:
-        raw.close()
 
 
 def _galera_node_messages(alias: str, node: str, report: dict[str, str], *, own_session: bool) -> list[CheckMessage]:

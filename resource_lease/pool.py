@@ -30,7 +30,7 @@ from django.dispatch import Signal
 
 from resource_lease import signals
 from resource_lease.conf import lease_settings
-from resource_lease.db import NOW_SQL, DbNow, as_utc_datetime
+from resource_lease.db import DbNow, read_clock
 from resource_lease.models import (
     DISABLED,
     EXPIRED,
@@ -209,9 +209,4 @@ def force_release(resources: ResourceSet, *, using: str | None = None) -> int:
 
 def database_now(using: str = "default") -> dt.datetime:
     """The database's current time (UTC), read on the caller's own Django connection."""
-    connection = connections[check_alias(using)]
-    with connection.cursor() as cursor:
-        # Parameters given (none), so every driver reads %% as a literal %.
-        cursor.execute(f"SELECT {NOW_SQL[connection.vendor]}".replace("%", "%%"), [])
-        (value,) = cursor.fetchone()
-    return as_utc_datetime(value)
+    return read_clock(connections[check_alias(using)])

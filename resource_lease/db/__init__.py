@@ -38,12 +38,31 @@ def dialect_class(vendor: str) -> type[Dialect]:
     raise NotImplementedError(f"resource_lease supports {', '.join(SUPPORTED_VENDORS)}; this database is {vendor!r}")
 
 
-# The database's clock in UTC, per vendor (kept in step with each dialect's now_sql).
+# The database's clock in UTC, per vendor (kept in step with each dialect's now_sql):
+# never the client's clock, never the session's time zone (docs/pitfalls.md#database-clock).
 NOW_SQL = {
     "mysql": "UTC_TIMESTAMP(6)",
     "postgresql": "statement_timestamp()",
     "sqlite": "strftime('%Y-%m-%d %H:%M:%f', 'now')",
 }
+
+
+def engine_vendor(engine: str) -> str | None:
+    """The vendor of a ``DATABASES`` ENGINE path (the checks that run without connecting), or
+    None for one resource_lease does not support."""
+    for part, vendor in (("mysql", "mysql"), ("postgresql", "postgresql"), ("sqlite3", "sqlite")):
+        if part in engine:
+            return vendor
+    return None
+
+
+def read_clock(connection: BaseDatabaseWrapper) -> dt.datetime:
+    """The database's current time (UTC), read on a Django connection (the caller's own)."""
+    with connection.cursor() as cursor:
+        # Parameters given (none), so every driver reads %% as a literal %.
+        cursor.execute(f"SELECT {NOW_SQL[connection.vendor]}".replace("%", "%%"), [])
+        (value,) = cursor.fetchone()
+    return as_utc_datetime(value)
 
 
 def as_utc_datetime(value: Any) -> dt.datetime:
@@ -66,4 +85,4 @@ class DbNow(Func):
         return NOW_SQL[connection.vendor].replace("%", "%%"), []
 
 
-__all__ = ["NOW_SQL", "SUPPORTED_VENDORS", "DbNow", "as_utc_datetime", "dialect_class"]
+__all__ = ["NOW_SQL", "SUPPORTED_VENDORS", "DbNow", "as_utc_datetime", "dialect_class", "engine_vendor", "read_clock"]

@@ -1,4 +1,4 @@
-"""The lease statements, written once with the few pieces that differ per vendor left open.
+"""The lease statements' dialects: the templates of ``statements`` rendered per vendor, and run.
 
 A dialect runs on the raw DB-API cursor of a Django connection (native paramstyle, no
 Django cursor wrapper), because the lease statements are on the hot path and need
@@ -17,6 +17,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 from django.db.models.base import DEFERRED
 
+from resource_lease.db import statements
+from resource_lease.db.statements import Returning
 from resource_lease.models import NEVER, Resource
 
 Row = Sequence[Any]
@@ -39,8 +41,10 @@ class Failure(Enum):
 class Dialect:
     """The lease statements for one vendor.
 
-    Subclasses set the SQL fragments (``now``, the expiry expression, the placeholder) and
-    override ``acquire`` where the vendor's way of returning the chosen row differs.
+    The statements are the named templates of ``resource_lease.db.statements``, rendered once
+    per dialect into ``self.sql``; a subclass sets the vendor's pieces (``now_sql``, the expiry
+    expression, the placeholder) and overrides only the templates that differ (``templates``,
+    ``returning_template``).
     """
 
     vendor = ""
@@ -50,6 +54,18 @@ class Dialect:
     single_writer = False
     #: The database's clock, in UTC, as an SQL expression.
     now_sql = ""
+    true = "TRUE"
+    false = "FALSE"
+    #: Between the table and WHERE of a read of the acquire index (MySQL names the index).
+    index_hint = ""
+    #: The acquire index's order for the free rows of one kind.
+    free_order = "busy_before"
+    #: ``INSERT ... <this>``: a row whose (kind, name) exists already is kept as it is.
+    on_conflict_keep = "ON CONFLICT (kind, name) DO NOTHING"
+    #: The statements by name (``statements.TEMPLATES``); a vendor adds its ACQUIRE_SCAN.
+    templates: dict[str, str | Returning] = statements.TEMPLATES
+    #: How an UPDATE hands back the row it changed (``statements.Returning``).
+    returning_template = statements.RETURNING
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         qn = connection.ops.quote_name
@@ -65,38 +81,28 @@ class Dialect:
         ]
         self._datetime_converters = self._converters_for(connection, meta.get_field("busy_before"))
         self.connection = connection
-        p = self.placeholder
-        now = self.now_sql
-        # Where the lease condition of a grant is checked: ours (holder and fence in the
-        # WHERE, because Django's MySQL backend counts the rows an UPDATE matched, not the
-        # rows it changed), not given back (a release or force release clears
-        # the token, and may leave busy_before in the future: the end of a quarantine), and
-        # not yet expired by the database's clock.
-        self.ours = f"id = {p} AND holder = {p} AND fence = {p} AND grant_token <> '' AND busy_before > {now}"
-        self.free = (
-            f"kind = {p} AND busy_before <= {now} AND enabled = {self.true}"
-            f" AND (quarantined_until IS NULL OR quarantined_until <= {now})"
-        )
-        # The grant's SET list. Order matters on MySQL, which evaluates assignments left to
-        # right with already-updated values: read the old holder and token first.
-        self.grant_set = (
-            f"took_over = (grant_token <> ''), previous_holder = holder,"
-            f" fence = fence + 1, holder = {p}, grant_token = {p},"
-            f" busy_before = {self.expiry_sql()}, acquired_at = {now}, renewed_at = {now},"
-            f" released_at = NULL"
-        )
-        # After release the row sorts as most recently used; a quarantine decided while it
-        # was held takes effect now by pushing busy_before out of the acquire's index range.
-        self.freed_at = f"CASE WHEN quarantined_until > {now} THEN quarantined_until ELSE {now} END"
+        #: Every statement, rendered once: the methods below only look them up.
+        self.sql = statements.render(self.templates, self.pieces(), self.returning_template)
+        # The conditions and the SET list on their own (tests, tests/procs).
+        self.ours = self.sql["OURS"]
+        self.free = self.sql["FREE"]
+        self.grant_set = self.sql["GRANT_SET"]
+        self.freed_at = self.sql["FREED_AT"]
 
-    true = "TRUE"
-    false = "FALSE"
-    #: Between the table and WHERE of a read of the acquire index (MySQL names the index).
-    index_hint = ""
-    #: The acquire index's order for the free rows of one kind.
-    free_order = "busy_before"
-    #: ``INSERT ... <this>``: a row whose (kind, name) exists already is kept as it is.
-    on_conflict_keep = "ON CONFLICT (kind, name) DO NOTHING"
+    def pieces(self) -> dict[str, str]:
+        """What the templates leave open, for this vendor and table."""
+        return {
+            "table": self.table,
+            "columns": self.columns,
+            "p": self.placeholder,
+            "now": self.now_sql,
+            "expiry": self.expiry_sql(),
+            "true": self.true,
+            "false": self.false,
+            "index_hint": self.index_hint,
+            "free_order": self.free_order,
+            "on_conflict_keep": self.on_conflict_keep,
+        }
 
     # -- vendor pieces ---------------------------------------------------------------
 
@@ -126,24 +132,37 @@ class Dialect:
     def classify(self, exc: BaseException) -> Failure:
         raise NotImplementedError
 
+    # -- checks on the user's own connections (resource_lease/checks.py) -------------
+
+    @staticmethod
+    def session_zone_offset(connection: BaseDatabaseWrapper) -> int:
+        """Seconds by which the session's local clock (``NOW()``) is off UTC on a Django
+        connection; 0 where the session's time zone cannot skew stored datetimes."""
+        return 0
+
+    @staticmethod
+    def counts_changed_rows(options: dict[str, Any]) -> bool:
+        """Whether a ``DATABASES`` OPTIONS makes an UPDATE's row count report changed rows,
+        not matched rows, on the user's connections (docs/pitfalls.md#found-rows)."""
+        return False
+
     # -- statements ------------------------------------------------------------------
 
     def acquire(self, cursor: Any, *, kind: str, holder: str, token: str, ttl: float) -> Row | None:
-        """Grant any free resource of ``kind`` in one conditional statement; return its row."""
-        raise NotImplementedError
+        """Grant any free resource of ``kind`` in one conditional statement (the vendor's
+        ACQUIRE_SCAN); return its row."""
+        return self.returning_row(
+            cursor, self.sql["ACQUIRE_SCAN"], (holder, token, self.ttl_param(ttl), kind), read_params=(token,)
+        )
 
     def free_rows(self, cursor: Any, *, kind: str, limit: int) -> tuple[list[Row], Any]:
         """Up to ``limit`` rows of ``kind`` free now, least recently used first, and the
         database's clock when they were read (raw): the sample ``acquire()`` probes (a hint
         only: every grant re-checks its row)."""
-        cursor.execute(
-            f"SELECT {self.columns}, {self.now_sql} FROM {self.table} {self.index_hint} WHERE {self.free}"
-            f" ORDER BY {self.free_order} LIMIT {int(limit)}",
-            (kind,),
-        )
+        cursor.execute(statements.fill(self.sql["FREE_ROWS"], limit=str(int(limit))), (kind,))
         rows = cursor.fetchall()
         if not rows:
-            cursor.execute(f"SELECT {self.now_sql}")
+            cursor.execute(self.sql["READ_CLOCK"])
             return [], cursor.fetchall()[0][0]
         return [row[:-1] for row in rows], rows[0][-1]
 
@@ -164,24 +183,14 @@ class Dialect:
         clock), conditional on the row being free; the matched-row count decides a race
         between callers that chose the same row.
         """
-        p = self.placeholder
-        return self.update_returning(
-            cursor,
-            f"UPDATE {self.table} SET {self.grant_set} WHERE id = {p} AND {self.free}",
-            (holder, token, self.ttl_param(ttl), pk, kind),
-            returning=self.columns,
-            read_back=(f"id = {p} AND grant_token = {p}", (pk, token)),
+        return self.returning_row(
+            cursor, self.sql["GRANT_BY_ID"], (holder, token, self.ttl_param(ttl), pk, kind), read_params=(pk, token)
         )
 
     def renew(self, cursor: Any, *, pk: int, holder: str, fence: int, ttl: float) -> dt.datetime | None:
         """Extend a live grant of ours; return the new expiry, or None if it is not ours."""
-        p = self.placeholder
-        row = self.update_returning(
-            cursor,
-            f"UPDATE {self.table} SET busy_before = {self.expiry_sql()}, renewed_at = {self.now_sql} WHERE {self.ours}",
-            (self.ttl_param(ttl), pk, holder, fence),
-            returning="busy_before",
-            read_back=(f"id = {p} AND fence = {p}", (pk, fence)),
+        row = self.returning_row(
+            cursor, self.sql["RENEW"], (self.ttl_param(ttl), pk, holder, fence), read_params=(pk, fence)
         )
         return None if row is None else self.to_datetime(row[0])
 
@@ -191,13 +200,11 @@ class Dialect:
         The same SET list and free condition as ``acquire``; the unique (kind, name) index
         finds the row, and the matched-row count decides the race.
         """
-        p = self.placeholder
-        return self.update_returning(
+        return self.returning_row(
             cursor,
-            f"UPDATE {self.table} SET {self.grant_set} WHERE name = {p} AND {self.free}",
+            self.sql["GRANT_BY_NAME"],
             (holder, token, self.ttl_param(ttl), name, kind),
-            returning=self.columns,
-            read_back=(f"kind = {p} AND name = {p} AND grant_token = {p}", (kind, name, token)),
+            read_params=(kind, name, token),
         )
 
     def limit_slots(self, cursor: Any, *, kind: str, below: str) -> int:
@@ -205,11 +212,7 @@ class Dialect:
         (a semaphore's slot count: slot names are zero-padded numbers). A held row that gets
         disabled keeps its holder; it is never granted again while disabled. Returns how many
         rows changed (none when the count is already in force)."""
-        p = self.placeholder
-        cursor.execute(
-            f"UPDATE {self.table} SET enabled = (name < {p}) WHERE kind = {p} AND enabled <> (name < {p})",
-            (below, kind, below),
-        )
+        cursor.execute(self.sql["LIMIT_SLOTS"], (below, kind, below))
         return int(cursor.rowcount)
 
     def insert_missing(self, cursor: Any, *, kind: str, names: Sequence[str], data: str = "{}") -> None:
@@ -220,91 +223,81 @@ class Dialect:
         """
         if not names:
             return
-        p = self.placeholder
         never = self.connection.ops.adapt_datetimefield_value(NEVER)
-        row = f"({p}, {p}, {p}, {self.true}, {p}, '', 0, '', {self.false}, '', '', {self.now_sql})"
         params: list[Any] = []
         for name in names:
             params += [kind, name, data, never]
-        cursor.execute(
-            f"INSERT INTO {self.table} (kind, name, data, enabled, busy_before, holder, fence, grant_token,"
-            f" took_over, previous_holder, quarantine_reason, created_at)"
-            f" VALUES {', '.join([row] * len(names))} {self.on_conflict_keep}",
-            params,
-        )
+        rows = ", ".join([self.sql["MISSING_ROW"]] * len(names))
+        cursor.execute(statements.fill(self.sql["INSERT_MISSING"], rows=rows), params)
 
     def read_named(self, cursor: Any, *, kind: str, names: Sequence[str] | None = None) -> tuple[list[Row], Any]:
         """The rows of ``kind`` (only ``names`` if given; in no order), and the database's
         clock when they were read (raw; ``to_datetime`` converts it)."""
-        p = self.placeholder
-        where, params = f"kind = {p}", [kind]
-        if names is not None:
-            if not names:
-                return [], None
-            where += f" AND name IN ({', '.join([p] * len(names))})"
-            params += list(names)
-        cursor.execute(f"SELECT {self.columns}, {self.now_sql} FROM {self.table} WHERE {where}", params)
+        if names is None:
+            cursor.execute(self.sql["READ_KIND"], [kind])
+        elif not names:
+            return [], None
+        else:
+            in_list = ", ".join([self.placeholder] * len(names))
+            cursor.execute(statements.fill(self.sql["READ_NAMED"], names=in_list), [kind, *names])
         rows = cursor.fetchall()
         if not rows:
-            cursor.execute(f"SELECT {self.now_sql}")
+            cursor.execute(self.sql["READ_CLOCK"])
             return [], cursor.fetchall()[0][0]
         return [row[:-1] for row in rows], rows[0][-1]
+
+    def returning_row(
+        self, cursor: Any, sql: str, params: Sequence[Any], *, read_params: Sequence[Any] = ()
+    ) -> Row | None:
+        """Run a rendered ``statements.Returning``: the row its UPDATE changed, or None if it
+        matched none. ``read_params`` are its read-back's, for a vendor without RETURNING."""
+        cursor.execute(sql, params)
+        # Every row: SQLite ends the statement (and its lock) only then (docs/pitfalls.md#sqlite).
+        rows = cursor.fetchall()
+        return rows[0] if rows else None
 
     def update_returning(
         self, cursor: Any, update: str, params: Sequence[Any], *, returning: str, read_back: tuple[str, Sequence[Any]]
     ) -> Row | None:
-        """Run a single-row ``update``; the ``returning`` columns of the row it changed, or None
-        if it matched none. Here ``UPDATE ... RETURNING``; a vendor without it reads the row
-        back by ``read_back`` (a WHERE clause and its parameters naming that row)."""
-        cursor.execute(f"{update} RETURNING {returning}", params)
-        rows = cursor.fetchall()  # every row: SQLite ends the statement (and its lock) only then
-        return rows[0] if rows else None
+        """Run a single-row ``update`` written on the spot (tests); the ``returning`` columns of
+        the row it changed, or None if it matched none. Here ``UPDATE ... RETURNING``; a vendor
+        without it reads the row back by ``read_back`` (a WHERE clause and its parameters naming
+        that row; docs/pitfalls.md#no-returning)."""
+        where, read_params = read_back
+        sql = self.returning_template.format(update=update, returning=returning, read_back=where, table=self.table)
+        return self.returning_row(cursor, sql, params, read_params=read_params)
 
     def release(self, cursor: Any, *, pk: int, holder: str, fence: int) -> bool:
-        cursor.execute(
-            f"UPDATE {self.table} SET busy_before = {self.freed_at}, released_at = {self.now_sql},"
-            f" grant_token = '' WHERE {self.ours}",
-            (pk, holder, fence),
-        )
+        cursor.execute(self.sql["RELEASE"], (pk, holder, fence))
         return bool(cursor.rowcount == 1)
 
     def write_data(self, cursor: Any, *, pk: int, holder: str, fence: int, data: str) -> bool:
         """Replace a live grant's payload (JSON text) if the grant is still ours: a fenced write."""
-        cursor.execute(
-            f"UPDATE {self.table} SET data = {self.placeholder} WHERE {self.ours}", (data, pk, holder, fence)
-        )
+        cursor.execute(self.sql["WRITE_DATA"], (data, pk, holder, fence))
         return bool(cursor.rowcount == 1)
 
     def was_released(self, cursor: Any, *, pk: int, holder: str, fence: int) -> bool:
         """Whether this grant (holder and fence) has been given back: its token cleared.
 
-        Settles a release whose answer was lost; an operator's force_release counts too
-        (the grant was ours and the resource is free).
+        Settles a release whose answer was lost (docs/pitfalls.md#unknown-outcome); an
+        operator's force_release counts too (the grant was ours and the resource is free).
         """
-        p = self.placeholder
-        cursor.execute(
-            f"SELECT 1 FROM {self.table} WHERE id = {p} AND holder = {p} AND fence = {p} AND grant_token = ''",
-            (pk, holder, fence),
-        )
+        cursor.execute(self.sql["WAS_RELEASED"], (pk, holder, fence))
         return bool(cursor.fetchall())
 
     def is_held(self, cursor: Any, *, pk: int, holder: str, fence: int) -> bool:
-        cursor.execute(f"SELECT 1 FROM {self.table} WHERE {self.ours}", (pk, holder, fence))
+        cursor.execute(self.sql["IS_HELD"], (pk, holder, fence))
         return bool(cursor.fetchall())
 
     def find_grant(self, cursor: Any, *, kind: str, token: str) -> Row | None:
-        """The row granted under ``token``, if that grant committed and is still live."""
-        p = self.placeholder
-        cursor.execute(
-            f"SELECT {self.columns} FROM {self.table}"
-            f" WHERE kind = {p} AND grant_token = {p} AND busy_before > {self.now_sql}",
-            (kind, token),
-        )
+        """The row granted under ``token``, if that grant committed and is still live (settles
+        a grant whose answer was lost: docs/pitfalls.md#unknown-outcome)."""
+        cursor.execute(self.sql["FIND_GRANT"], (kind, token))
         rows = cursor.fetchall()
         return rows[0] if rows else None
 
     def kind_exists(self, cursor: Any, kind: str) -> bool:
-        cursor.execute(f"SELECT 1 FROM {self.table} WHERE kind = {self.placeholder} LIMIT 1", (kind,))
+        cursor.execute(self.sql["KIND_EXISTS"], (kind,))
         return bool(cursor.fetchall())
 
     # -- rows ------------------------------------------------------------------------

@@ -204,6 +204,35 @@ def connect(
 # -- what the system check looks at ------------------------------------------------------
 
 
+def may_be_node(connection: BaseDatabaseWrapper) -> bool:
+    """Whether a Django connection's server can be a Galera node (MySQL/MariaDB)."""
+    return connection.vendor == "mysql"
+
+
+def node_report_at(connection: BaseDatabaseWrapper, host: str, port: int) -> dict[str, str] | str:
+    """Another node's ``node_report`` (``{}`` if wsrep is off) through a throwaway connection
+    with ``connection``'s settings, or why it could not be had."""
+    import MySQLdb
+    from django.db import DatabaseError
+
+    # A bare driver connection: no init_command nor Django's session set-up, which a node
+    # outside the primary component would refuse (error 1047) before it could be asked why.
+    settings_dict = {**connection.settings_dict, "HOST": host, "PORT": str(port)}
+    params = type(connection)(settings_dict, connection.alias).get_connection_params()
+    params.pop("init_command", None)
+    try:
+        raw = MySQLdb.connect(**params)
+    except (DatabaseError, MySQLdb.Error) as exc:  # the check reports a dead node, it does not crash on it
+        return str(exc)
+    try:
+        cursor = raw.cursor()
+        return node_report(cursor) or {}
+    except (DatabaseError, MySQLdb.Error) as exc:
+        return str(exc)
+    finally:
+        raw.close()
+
+
 def node_report(cursor: Any) -> dict[str, str] | None:
     """The settings and status of a node that matter to leases; None if wsrep is off.
 

@@ -1,19 +1,20 @@
 """MySQL and MariaDB: UPDATE ... ORDER BY ... LIMIT 1, the chosen id handed back by LAST_INSERT_ID.
 
-Neither has UPDATE ... RETURNING. ``SET id = LAST_INSERT_ID(id)`` makes the server remember
-the updated row's id, so the race is decided by one statement on the lease table's own
-columns (on MySQL, an ORM update whose filter needs a join or a subquery on the same table
-is split into a SELECT and an UPDATE that does not re-check it, so two workers could both
-win) and the row is then read by that id and the grant's token. The read travels in the
-same round trip as the UPDATE: the engine's own connections are opened with
-CLIENT.MULTI_STATEMENTS, and the two statements are sent as one query (each still its own
-autocommit transaction, the UPDATE's result read first). rowcount counts matched rows
-(CLIENT.FOUND_ROWS, which an ``OPTIONS["client_flag"]`` in settings would silently drop):
+Neither has UPDATE ... RETURNING (docs/pitfalls.md#no-returning). ``SET id =
+LAST_INSERT_ID(id)`` makes the server remember the updated row's id, so the race is decided
+by one statement on the lease table's own columns (on MySQL, an ORM update whose filter needs
+a join or a subquery on the same table is split into a SELECT and an UPDATE that does not
+re-check it, so two workers could both win: docs/pitfalls.md#split-update) and the row is
+then read by that id and the grant's token. The read travels in the same round trip as the
+UPDATE: the engine's own connections are opened with CLIENT.MULTI_STATEMENTS, and the two
+statements are sent as one query (each still its own autocommit transaction, the UPDATE's
+result read first). rowcount counts matched rows (CLIENT.FOUND_ROWS, which an
+``OPTIONS["client_flag"]`` in settings would silently drop: docs/pitfalls.md#found-rows):
 every condition that decides ownership is in the WHERE.
 
 On a MariaDB Galera node (``wsrep_on``) the sessions also wait for causality, errors of nodes
 that cannot serve are classified, and an alias that lists several nodes fails over between
-them: see ``resource_lease.db.galera``.
+them: see ``resource_lease.db.galera`` (docs/pitfalls.md#galera).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from django.db.models.base import DEFERRED
 
 from resource_lease.db import NOW_SQL, galera
 from resource_lease.db.base import Dialect, Failure, Row
+from resource_lease.db.statements import Returning
 
 ACQUIRE_INDEX = "resource_lease_acquire_idx"  # models.Resource.Meta.indexes
 
@@ -37,6 +39,9 @@ _TRANSIENT = {1213, 1614}  # deadlock (or certification conflict), transaction b
 _LOCK_TIMEOUT = {1205, 1969, 3024}  # innodb_lock_wait_timeout, MariaDB max_statement_time, MySQL max_execution_time
 # Client and server errors meaning the connection is gone.
 _DISCONNECT = {2002, 2003, 2006, 2013, 2026, 2055, 4031, 1053, 1927}
+#: MySQLdb.constants.CLIENT.FOUND_ROWS (the MySQL protocol's CLIENT_FOUND_ROWS), without
+#: importing the driver for a check (docs/pitfalls.md#found-rows).
+_CLIENT_FOUND_ROWS = 2
 
 
 # The probe's LAST_INSERT_ID: fence << 25 | took_over << 24 | the clock's low 24 bits (us).
@@ -45,6 +50,65 @@ _CLOCK_MASK = (1 << _CLOCK_BITS) - 1
 _FENCE_SHIFT = _CLOCK_BITS + 1
 _FENCE_LIMIT = 1 << 37  # (fence + 1) << 25 stays inside a signed BIGINT
 _EPOCH = dt.datetime(1970, 1, 1)
+
+
+# -- the statements that differ on MySQL (resource_lease.db.statements has the others) -------
+
+# No RETURNING: the changed row is read back in the same round trip, the UPDATE and the
+# SELECT sent as one query (docs/pitfalls.md#no-returning).
+RETURNING = "{update}; SELECT {returning} FROM {table} WHERE {read_back}"
+
+# The acquire, where a locking read cannot skip locked rows. FORCE INDEX and ORDER BY the
+# whole index prefix: without them a small table is planned as a scan plus filesort that
+# reads and locks every free row of the kind, so one open transaction on any of them (a fenced
+# write) held up every acquire (InnoDB's UPDATE locks every index record it scans:
+# docs/pitfalls.md#index-locks). LAST_INSERT_ID() is the granted row's id when the UPDATE
+# matched; when it did not, it is some earlier id, but the fresh token matches no row then.
+# (holder, token, ttl, kind), read back by (token)
+ACQUIRE_SCAN = Returning(
+    "UPDATE {table} {index_hint} SET {grant_set}, id = LAST_INSERT_ID(id)"
+    " WHERE {free} ORDER BY kind, busy_before LIMIT 1",
+    read_back="id = LAST_INSERT_ID() AND grant_token = {p}",
+)
+
+# MariaDB 10.6+ / MySQL 8: the row is chosen by a locking read that skips rows other acquires
+# are granting, inside the same single statement, so contenders spread over the free rows
+# instead of queueing behind the first one's commit (docs/pitfalls.md#index-locks). The outer
+# condition re-checks the locked row's current version. The picked row drives the join
+# (STRAIGHT_JOIN, then r by primary key): joined the other way round, MariaDB scans and locks
+# every row of the table, waiting on any row lock held anywhere (a fenced write on another
+# resource). (kind, holder, token, ttl), read back by (token)
+ACQUIRE_SCAN_SKIP_LOCKED = Returning(
+    "UPDATE (SELECT id FROM {table} {index_hint} WHERE {free}"
+    " ORDER BY kind, busy_before LIMIT 1 FOR UPDATE SKIP LOCKED) AS pick"
+    " STRAIGHT_JOIN {table} AS r ON r.id = pick.id"
+    " SET {grant_set}, r.id = LAST_INSERT_ID(r.id) WHERE r.busy_before <= {now}",
+    read_back="id = LAST_INSERT_ID() AND grant_token = {p}",
+)
+
+# The probe's LAST_INSERT_ID (the packing above), and its fence assignment, which replaces
+# GRANT_SET's ``fence = fence + 1`` in GRANT_PROBE. took_over is assigned first (left to
+# right: docs/pitfalls.md#set-order), so here it is already this grant's.
+PROBE_PACKED = (
+    "(fence + 1) * {fence_unit} + took_over * {took_over_unit}"
+    " + MOD(FLOOR(UNIX_TIMESTAMP({now}) * 1000000), {clock_span})"
+)
+PROBE_FENCE = (
+    "fence = CASE WHEN fence < {fence_limit} THEN LAST_INSERT_ID({probe_packed}) DIV {fence_unit}"
+    " ELSE fence + 1 + LAST_INSERT_ID(0) END"
+)
+
+# The probe's grant (GRANT_BY_ID without a read): (holder, token, ttl, id, kind). {probe_set}
+# is GRANT_SET with PROBE_FENCE (``MySQLDialect._probe_sql``). A free row that another
+# transaction has locked (an operator's edit, a SELECT ... FOR UPDATE) must be a miss, not a
+# wait: the scan skips locked rows. MariaDB: no lock wait for this statement alone (an error
+# at once, 1205: {nowait} is NOWAIT_PREFIX); MySQL has no per-statement form, so there the
+# probe waits at most LOCK_WAIT_TIMEOUT.
+GRANT_PROBE = "{nowait}UPDATE {table} SET {probe_set} WHERE id = {p} AND {free}"
+NOWAIT_PREFIX = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR "
+
+# The probe's row when it cannot be built from the sample: (id, token).
+PROBE_READ_BACK = "SELECT {columns} FROM {table} WHERE id = {p} AND grant_token = {p}"
 
 
 def _unfold(low: int, estimate: dt.datetime) -> dt.datetime | None:
@@ -65,9 +129,18 @@ class MySQLDialect(Dialect):
     # microseconds (NOW() without (6) has whole seconds, Django's columns have six digits).
     now_sql = NOW_SQL["mysql"]
     on_conflict_keep = "ON DUPLICATE KEY UPDATE id = id"
-    # See _acquire_sql: the planner must be told to walk the acquire index in its order.
+    # See ACQUIRE_SCAN: the planner must be told to walk the acquire index in its order.
     index_hint = f"FORCE INDEX ({ACQUIRE_INDEX})"
     free_order = "kind, busy_before"
+    templates = {
+        **Dialect.templates,
+        "ACQUIRE_SCAN": ACQUIRE_SCAN,
+        "ACQUIRE_SCAN_SKIP_LOCKED": ACQUIRE_SCAN_SKIP_LOCKED,
+        "PROBE_PACKED": PROBE_PACKED,
+        "PROBE_FENCE": PROBE_FENCE,
+        "PROBE_READ_BACK": PROBE_READ_BACK,
+    }
+    returning_template = RETURNING
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         super().__init__(connection)
@@ -77,6 +150,16 @@ class MySQLDialect(Dialect):
         self.rotation = galera.HostRotation(hosts) if len(hosts) > 1 else None
         #: Whether the server this connection last set up is a Galera node (wsrep_on).
         self.galera = False
+
+    def pieces(self) -> dict[str, str]:
+        # The probe's packing of LAST_INSERT_ID (PROBE_PACKED).
+        return {
+            **super().pieces(),
+            "fence_unit": str(1 << _FENCE_SHIFT),
+            "took_over_unit": str(1 << _CLOCK_BITS),
+            "clock_span": str(1 << _CLOCK_BITS),
+            "fence_limit": str(_FENCE_LIMIT),
+        }
 
     def connect(self, lock_wait_timeout: float) -> None:
         if self.rotation is None:
@@ -98,8 +181,9 @@ class MySQLDialect(Dialect):
         cursor = raw_connection.cursor()
         try:
             # READ COMMITTED takes no gap locks, so acquires and releases on the
-            # (kind, busy_before) index deadlock less; a bounded lock wait keeps a
-            # renewal from hanging past its ttl (innodb_lock_wait_timeout is 50 s by default).
+            # (kind, busy_before) index deadlock less (docs/pitfalls.md#read-committed); a
+            # bounded lock wait keeps a renewal from hanging past its ttl
+            # (innodb_lock_wait_timeout is 50 s by default: docs/pitfalls.md#lock-wait).
             cursor.execute(
                 "SET SESSION time_zone = '+00:00', SESSION innodb_lock_wait_timeout = %s",
                 (max(1, round(lock_wait_timeout)),),
@@ -111,14 +195,13 @@ class MySQLDialect(Dialect):
         # several nodes to choose from, a node that cannot serve is refused here.
         self.galera = galera.setup_session(raw_connection, require_ready=self.rotation is not None)
 
-    def update_returning(
-        self, cursor: Any, update: str, params: Sequence[Any], *, returning: str, read_back: tuple[str, Sequence[Any]]
+    def returning_row(
+        self, cursor: Any, sql: str, params: Sequence[Any], *, read_params: Sequence[Any] = ()
     ) -> Row | None:
-        # No RETURNING: the row is read back in the same round trip, the UPDATE and the SELECT
-        # sent as one query. An error in either raises here (a lost connection during the
-        # SELECT leaves the UPDATE's outcome for the caller to settle).
-        where, read_params = read_back
-        cursor.execute(f"{update}; SELECT {returning} FROM {self.table} WHERE {where}", (*params, *read_params))
+        # No RETURNING: the UPDATE and the SELECT of its row are one query (RETURNING above,
+        # docs/pitfalls.md#no-returning). An error in either raises here (a lost connection
+        # during the SELECT leaves the UPDATE's outcome for the caller to settle).
+        cursor.execute(sql, (*params, *read_params))
         matched = cursor.rowcount == 1
         if not cursor.nextset():
             raise RuntimeError("the read of a pipelined UPDATE; SELECT returned no result")
@@ -159,9 +242,7 @@ class MySQLDialect(Dialect):
         fence, taken, low = packed >> _FENCE_SHIFT, packed >> _CLOCK_BITS & 1, packed & _CLOCK_MASK
         granted_at = _unfold(low, clock.now()) if packed and not taken else None
         if granted_at is None:
-            cursor.execute(
-                f"SELECT {self.columns} FROM {self.table} WHERE id = %s AND grant_token = %s", (sampled[0], token)
-            )
+            cursor.execute(self.sql["PROBE_READ_BACK"], (sampled[0], token))
             rows = cursor.fetchall()
             return rows[0] if rows else None
         row = list(sampled)
@@ -177,87 +258,63 @@ class MySQLDialect(Dialect):
         return row
 
     def _probe_sql(self) -> str:
+        """GRANT_PROBE rendered: the grant's SET list with PROBE_FENCE for its fence (at the
+        first probe: whether the server is MariaDB needs a connection)."""
         cached: str | None = getattr(self, "_probe", None)
         if cached is None:
-            packed = (
-                f"(fence + 1) * {1 << _FENCE_SHIFT} + took_over * {1 << _CLOCK_BITS}"
-                f" + MOD(FLOOR(UNIX_TIMESTAMP({self.now_sql}) * 1000000), {1 << _CLOCK_BITS})"
-            )
-            # took_over is assigned first (left to right), so here it is already this grant's.
-            fence = (
-                f"fence = CASE WHEN fence < {_FENCE_LIMIT} THEN LAST_INSERT_ID({packed}) DIV {1 << _FENCE_SHIFT}"
-                f" ELSE fence + 1 + LAST_INSERT_ID(0) END"
-            )
-            grant_set = self.grant_set.replace("fence = fence + 1", fence)
+            grant_set = self.grant_set.replace("fence = fence + 1", self.sql["PROBE_FENCE"])
             if grant_set == self.grant_set:
                 raise RuntimeError("the grant's SET list no longer has 'fence = fence + 1'")
-            # A free row that another transaction has locked (an operator's edit, a
-            # SELECT ... FOR UPDATE) must be a miss, not a wait: the scan skips locked rows.
-            # MariaDB: no lock wait for this statement alone (an error at once, 1205); MySQL
-            # has no per-statement form, so there the probe waits at most LOCK_WAIT_TIMEOUT.
             mariadb = bool(getattr(self.connection, "mysql_is_mariadb", False))
-            nowait = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR " if mariadb else ""
-            cached = self._probe = f"{nowait}UPDATE {self.table} SET {grant_set} WHERE id = %s AND {self.free}"
+            nowait = NOWAIT_PREFIX if mariadb else ""
+            cached = self._probe = GRANT_PROBE.format(
+                nowait=nowait, table=self.table, probe_set=grant_set, p=self.placeholder, free=self.free
+            )
         return cached
 
     def acquire(self, cursor: Any, *, kind: str, holder: str, token: str, ttl: float) -> Row | None:
         sql, kind_first = self._acquire_sql()
         grant = (holder, token, self.ttl_param(ttl))
-        # LAST_INSERT_ID() is the granted row's id when the UPDATE matched; when it did not,
-        # it is some earlier id, but the fresh token matches no row then.
-        return self.update_returning(
-            cursor,
-            sql,
-            (kind, *grant) if kind_first else (*grant, kind),
-            returning=self.columns,
-            read_back=("id = LAST_INSERT_ID() AND grant_token = %s", (token,)),
-        )
+        return self.returning_row(cursor, sql, (kind, *grant) if kind_first else (*grant, kind), read_params=(token,))
 
     def _acquire_sql(self) -> tuple[str, bool]:
-        """The acquire statement, and whether its kind parameter comes first."""
+        """The acquire statement, and whether its kind parameter comes first (chosen at the
+        first acquire: the server's version needs a connection)."""
         cached: tuple[str, bool] | None = getattr(self, "_acquire", None)
-        if cached is not None:
-            return cached
-        # FORCE INDEX and ORDER BY the whole index prefix: without them a small table is
-        # planned as a scan plus filesort that reads and locks every free row of the kind,
-        # so one open transaction on any of them (a fenced write) held up every acquire
-        # (InnoDB's UPDATE locks every index record it scans).
-        index = self.index_hint
-        kind_first = bool(self.connection.features.has_select_for_update_skip_locked)
-        if kind_first:
-            # MariaDB 10.6+ / MySQL 8: the row is chosen by a locking read that skips rows
-            # other acquires are granting, inside the same single statement, so contenders
-            # spread over the free rows instead of queueing behind the first one's commit.
-            # The outer condition re-checks the locked row's current version.
-            # The picked row drives the join (STRAIGHT_JOIN, then r by primary key): joined
-            # the other way round, MariaDB scans and locks every row of the table, waiting on
-            # any row lock held anywhere (a fenced write on another resource).
-            sql = (
-                f"UPDATE (SELECT id FROM {self.table} {index} WHERE {self.free}"
-                f" ORDER BY kind, busy_before LIMIT 1 FOR UPDATE SKIP LOCKED) AS pick"
-                f" STRAIGHT_JOIN {self.table} AS r ON r.id = pick.id"
-                f" SET {self.grant_set}, r.id = LAST_INSERT_ID(r.id) WHERE r.busy_before <= {self.now_sql}"
-            )
-        else:
-            sql = (
-                f"UPDATE {self.table} {index} SET {self.grant_set}, id = LAST_INSERT_ID(id)"
-                f" WHERE {self.free} ORDER BY kind, busy_before LIMIT 1"
-            )
-        self._acquire = (sql, kind_first)
-        return self._acquire
+        if cached is None:
+            kind_first = bool(self.connection.features.has_select_for_update_skip_locked)
+            sql = self.sql["ACQUIRE_SCAN_SKIP_LOCKED" if kind_first else "ACQUIRE_SCAN"]
+            cached = self._acquire = (sql, kind_first)
+        return cached
 
     @staticmethod
     def connect_options(options: dict[str, Any], io_timeout: float) -> None:
         from MySQLdb.constants import CLIENT
 
         # Matched rows, never "changed rows" (Django's backend sets CLIENT.FOUND_ROWS, but an
-        # OPTIONS["client_flag"] in settings replaces it), whatever flags the user set; and
-        # several statements per query, so a grant and its read share one round trip.
+        # OPTIONS["client_flag"] in settings replaces it: docs/pitfalls.md#found-rows), whatever
+        # flags the user set; and several statements per query, so a grant and its read share
+        # one round trip.
         options["client_flag"] = int(options.get("client_flag", 0)) | CLIENT.FOUND_ROWS | CLIENT.MULTI_STATEMENTS
-        # A renewal must fail, not hang, when the server stops answering.
+        # A renewal must fail, not hang, when the server stops answering
+        # (docs/pitfalls.md#dropped-connections).
         options.setdefault("connect_timeout", max(1, round(io_timeout)))
         options.setdefault("read_timeout", max(1, round(io_timeout)))
         options.setdefault("write_timeout", max(1, round(io_timeout)))
+
+    @staticmethod
+    def session_zone_offset(connection: BaseDatabaseWrapper) -> int:
+        # NOW() and CURRENT_TIMESTAMP follow the session's time zone (docs/pitfalls.md#database-clock).
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT TIMESTAMPDIFF(SECOND, UTC_TIMESTAMP(), NOW())")
+            (offset,) = cursor.fetchone()
+        return int(offset or 0)
+
+    @staticmethod
+    def counts_changed_rows(options: dict[str, Any]) -> bool:
+        # Django sets CLIENT.FOUND_ROWS; a client_flag of the user's replaces it.
+        client_flag = options.get("client_flag")
+        return client_flag is not None and not int(client_flag) & _CLIENT_FOUND_ROWS
 
     def classify(self, exc: BaseException) -> Failure:
         if isinstance(exc, galera.NodeNotUsable):

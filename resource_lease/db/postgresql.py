@@ -6,6 +6,7 @@ from typing import Any
 
 from resource_lease.db import NOW_SQL
 from resource_lease.db.base import Dialect, Failure, Row
+from resource_lease.db.statements import Returning
 
 # SQLSTATEs after which the statement was rolled back and can run again.
 _TRANSIENT = {"40001", "40P01"}  # serialization failure, deadlock
@@ -13,13 +14,31 @@ _LOCK_TIMEOUT = {"55P03", "57014"}  # lock_timeout, statement_timeout
 # Class 08 (connection exception) and the server shutting down or killing the backend.
 _DISCONNECT_PREFIXES = ("08", "57P0")
 
+# The acquire. SKIP LOCKED: contenders never queue behind a row another acquire is granting
+# (docs/pitfalls.md#index-locks). (holder, token, ttl, kind)
+ACQUIRE_SCAN = Returning(
+    "UPDATE {table} SET {grant_set}"
+    " WHERE id = (SELECT id FROM {table} WHERE {free}"
+    " ORDER BY busy_before LIMIT 1 FOR UPDATE SKIP LOCKED)"
+)
+
+# The probe's grant, by primary key, and SKIP LOCKED: a free row that another transaction has
+# locked (an operator's edit, a SELECT ... FOR UPDATE) is a miss, not a wait.
+# (holder, token, ttl, id, kind)
+GRANT_SAMPLED = Returning(
+    "UPDATE {table} SET {grant_set}"
+    " WHERE id = (SELECT id FROM {table} WHERE id = {p} AND {free} FOR UPDATE SKIP LOCKED)"
+)
+
 
 class PostgreSQLDialect(Dialect):
     vendor = "postgresql"
     # statement_timestamp() is the statement's start even inside a transaction (now() is
     # frozen at the transaction's BEGIN, so a long transaction would judge expiries by an
-    # old clock) and, being stable, lets the planner use the index.
+    # old clock) and, being stable, lets the planner use the index
+    # (docs/pitfalls.md#database-clock).
     now_sql = NOW_SQL["postgresql"]
+    templates = {**Dialect.templates, "ACQUIRE_SCAN": ACQUIRE_SCAN, "GRANT_SAMPLED": GRANT_SAMPLED}
 
     def expiry_sql(self) -> str:
         return f"{self.now_sql} + make_interval(secs => %s)"
@@ -37,36 +56,18 @@ class PostgreSQLDialect(Dialect):
     @staticmethod
     def connect_options(options: dict[str, Any], io_timeout: float) -> None:
         options.setdefault("connect_timeout", max(2, round(io_timeout)))
-        # TCP keepalives notice a vanished server while a renewal waits for an answer.
+        # TCP keepalives notice a vanished server while a renewal waits for an answer
+        # (docs/pitfalls.md#dropped-connections).
         options.setdefault("keepalives_idle", max(1, round(io_timeout)))
         options.setdefault("keepalives_interval", 1)
         options.setdefault("keepalives_count", 3)
 
-    def acquire(self, cursor: Any, *, kind: str, holder: str, token: str, ttl: float) -> Row | None:
-        # SKIP LOCKED: contenders never queue behind a row another acquire is granting.
-        cursor.execute(
-            f"UPDATE {self.table} SET {self.grant_set}"
-            f" WHERE id = (SELECT id FROM {self.table} WHERE {self.free}"
-            f" ORDER BY busy_before LIMIT 1 FOR UPDATE SKIP LOCKED)"
-            f" RETURNING {self.columns}",
-            (holder, token, self.ttl_param(ttl), kind),
-        )
-        rows = cursor.fetchall()
-        return rows[0] if rows else None
-
     def grant_sampled(
         self, cursor: Any, *, sampled: Row, kind: str, holder: str, token: str, ttl: float, clock: Any
     ) -> Row | None:
-        # By primary key, and SKIP LOCKED: a free row that another transaction has locked (an
-        # operator's edit, a SELECT ... FOR UPDATE) is a miss, not a wait.
-        cursor.execute(
-            f"UPDATE {self.table} SET {self.grant_set}"
-            f" WHERE id = (SELECT id FROM {self.table} WHERE id = %s AND {self.free} FOR UPDATE SKIP LOCKED)"
-            f" RETURNING {self.columns}",
-            (holder, token, self.ttl_param(ttl), sampled[0], kind),
+        return self.returning_row(
+            cursor, self.sql["GRANT_SAMPLED"], (holder, token, self.ttl_param(ttl), sampled[0], kind)
         )
-        rows = cursor.fetchall()
-        return rows[0] if rows else None
 
     def classify(self, exc: BaseException) -> Failure:
         import psycopg

@@ -6,7 +6,16 @@ import sqlite3
 from typing import Any
 
 from resource_lease.db import NOW_SQL
-from resource_lease.db.base import Dialect, Failure, Row
+from resource_lease.db.base import Dialect, Failure
+from resource_lease.db.statements import Returning
+
+# The acquire: one writer at a time, so the subquery's row is still free when the UPDATE
+# writes it (docs/pitfalls.md#sqlite). The implicit transaction (and the write lock) ends only
+# when the statement has run to completion: every row is read (``Dialect.returning_row``).
+# (holder, token, ttl, kind)
+ACQUIRE_SCAN = Returning(
+    "UPDATE {table} SET {grant_set} WHERE id = (SELECT id FROM {table} WHERE {free} ORDER BY busy_before LIMIT 1)"
+)
 
 
 class SQLiteDialect(Dialect):
@@ -17,24 +26,13 @@ class SQLiteDialect(Dialect):
     now_sql = NOW_SQL["sqlite"]
     true = "1"
     false = "0"
+    templates = {**Dialect.templates, "ACQUIRE_SCAN": ACQUIRE_SCAN}
 
     def expiry_sql(self) -> str:
         return "strftime('%Y-%m-%d %H:%M:%f', 'now', ?)"
 
     def ttl_param(self, ttl: float) -> Any:
         return f"{float(ttl):+.3f} seconds"
-
-    def acquire(self, cursor: Any, *, kind: str, holder: str, token: str, ttl: float) -> Row | None:
-        cursor.execute(
-            f"UPDATE {self.table} SET {self.grant_set}"
-            f" WHERE id = (SELECT id FROM {self.table} WHERE {self.free} ORDER BY busy_before LIMIT 1)"
-            f" RETURNING {self.columns}",
-            (holder, token, self.ttl_param(ttl), kind),
-        )
-        # Read every row: the implicit transaction (and the write lock) ends only when the
-        # statement has run to completion.
-        rows = cursor.fetchall()
-        return rows[0] if rows else None
 
     def classify(self, exc: BaseException) -> Failure:
         # "database table is locked" (shared cache) is immediate and passes; "database is

@@ -46,6 +46,12 @@ def _file_is_wal(name: str) -> bool:
     return str(mode).lower() == "wal"
 
 
+def in_memory(conf: dict[str, Any]) -> bool:
+    """Whether a ``DATABASES`` entry is an SQLite database in memory, which no other process
+    can share (check W002)."""
+    return "sqlite3" in str(conf.get("ENGINE", "")) and str(conf.get("NAME", "")) in ("", ":memory:")
+
+
 def multiprocess_problems(conf: dict[str, Any]) -> list[str]:
     """What keeps a file-based SQLite ``DATABASES`` entry from being shared by several
     processes; empty when it is set up for it (or is not SQLite, or is in memory: check W002)."""
@@ -71,4 +77,4 @@ def multiprocess_problems(conf: dict[str, Any]) -> list[str]:
 
 FIX = _FIX
 
-__all__ = ["FIX", "MIN_BUSY_TIMEOUT", "multiprocess_problems"]
+__all__ = ["FIX", "MIN_BUSY_TIMEOUT", "in_memory", "multiprocess_problems"]
