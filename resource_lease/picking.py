@@ -40,6 +40,10 @@ SAMPLE_SIZE = 256
 SMOOTHING = 0.1
 #: Under scarcity, still probe this often, so the hit rate notices rows freeing up.
 MIN_PROBE_RATE = 0.05
+#: While at least this share of probes hits, an attempt probes up to ``PROBES`` sampled rows
+#: before it scans (a miss costs a primary-key lookup; the scan walks the acquire index).
+PLENTY = 0.5
+PROBES = 3
 
 
 class Clock:
@@ -97,22 +101,26 @@ class Picker:
         return entry
 
     def grant_any(self, dialect: Dialect, cursor: Any, *, kind: str, holder: str, token: str, ttl: float) -> Row | None:
-        """Grant any free row of ``kind`` under ``token``: a probe if it is likely to pay,
-        then the scan. Both are conditional single statements under the same token, and at
-        most one of them grants, so a lost answer is settled by the token as before."""
+        """Grant any free row of ``kind`` under ``token``: probes while they are likely to pay,
+        then the scan. Each is a conditional single statement under the same token and the
+        first that grants ends the attempt, so a lost answer is settled by the token as before."""
         entry = self.sample(dialect, cursor, kind)
         rows = entry.rows
-        if rows and (entry.hit_rate >= 1.0 or random.random() < max(entry.hit_rate, MIN_PROBE_RATE)):
-            i = random.randrange(len(rows))
-            self.probes += 1
-            row = dialect.grant_sampled(
-                cursor, sampled=rows[i], kind=kind, holder=holder, token=token, ttl=ttl, clock=entry.clock
-            )
-            if row is not None:
-                self.probe_hits += 1
-                entry.hit_rate += SMOOTHING * (1.0 - entry.hit_rate)
-                return row
-            entry.hit_rate -= SMOOTHING * entry.hit_rate
-            rows[i] = rows[-1]  # taken (or gone): not probed again until the next refresh
-            rows.pop()
+        rate = entry.hit_rate
+        if rows and (rate >= PLENTY or random.random() < max(rate, MIN_PROBE_RATE)):
+            for _ in range(PROBES if rate >= PLENTY else 1):
+                i = random.randrange(len(rows))
+                self.probes += 1
+                row = dialect.grant_sampled(
+                    cursor, sampled=rows[i], kind=kind, holder=holder, token=token, ttl=ttl, clock=entry.clock
+                )
+                if row is not None:
+                    self.probe_hits += 1
+                    entry.hit_rate += SMOOTHING * (1.0 - entry.hit_rate)
+                    return row
+                entry.hit_rate -= SMOOTHING * entry.hit_rate
+                rows[i] = rows[-1]  # taken (or gone): not probed again until the next refresh
+                rows.pop()
+                if not rows:
+                    break
         return dialect.acquire(cursor, kind=kind, holder=holder, token=token, ttl=ttl)
