@@ -28,9 +28,11 @@ ELECTIONS = "/admin/resource_lease/electionrow/"
 
 
 @pytest.fixture
-def scene(make_pool):
+def scene(make_pool, settings):
     """A pool resource, two locks (one held), a semaphore shrunk from 3 to 2 slots while all
     were held, and an election with a leader and hand-over state."""
+    # Slots in order (exporter-i on slot i): acquire() probes free slots at random otherwise.
+    settings.RESOURCE_LEASE = {"PROBE_REFRESH": 0}
     make_pool("proxy", 1)
     held = lock("rebuild-index", ttl=120, holder="host-a:11:main", auto_renew=False)
     lock("idle-lock", ttl=120, auto_renew=False).release()

@@ -59,7 +59,8 @@ class _CountingCursor:
 
     def execute(self, sql: Any, params: Any = None) -> Any:
         try:
-            result = self._cursor.execute(sql, params)
+            # sqlite3 refuses params=None: pass them only when given, as the caller did.
+            result = self._cursor.execute(sql) if params is None else self._cursor.execute(sql, params)
         except BaseException:
             engine_counter.add(failed=True)
             raise
