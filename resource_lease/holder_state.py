@@ -11,8 +11,6 @@ from __future__ import annotations
 import abc
 import itertools
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -20,10 +18,9 @@ from collections.abc import Iterable, Iterator
 from django.db.models import QuerySet
 
 from resource_lease import pool, signals
-from resource_lease.db.connections import run_repeatable
 from resource_lease.exceptions import LeaseError, LeaseLost, NoResourceAvailable
 from resource_lease.holder_config import HolderConfig
-from resource_lease.lease import Lease, attempt_grant, safety_margin
+from resource_lease.lease import Lease, attempt_grant, default_holder, require_kind, safety_margin
 from resource_lease.lease import acquire as lease_acquire
 from resource_lease.models import Resource
 from resource_lease.validation import check_holder
@@ -63,7 +60,7 @@ class HolderStateMachine(threading.Thread, metaclass=abc.ABCMeta):
         identity = check_holder(holder)
         #: Identity recorded on leased rows: ``"<hostname>:<pid>:<thread name>"`` by default,
         #: fixed for the holder's life whichever thread acquires.
-        self.holder: str = identity or f"{socket.gethostname()}:{os.getpid()}:{self.name}"[:255]
+        self.holder: str = identity or default_holder(self.name)
         # The resolved configuration, readable under the familiar names.
         self.kind = self._kind
         self.ttl = self._ttl
@@ -264,10 +261,7 @@ class HolderStateMachine(threading.Thread, metaclass=abc.ABCMeta):
             if lease is not None:
                 return lease
         if give_up_if_empty:
-            kind = self._kind
-            exists = run_repeatable(self._using, lambda d, c: d.kind_exists(c, kind), what=f"looking up kind {kind!r}")
-            if not exists:
-                raise NoResourceAvailable(f"there are no resources of kind {kind!r}", kind=kind, exists=False)
+            require_kind(self._using, self._kind)
         return None
 
     def _accept(self, lease: Lease, epoch: int) -> bool:

@@ -41,9 +41,29 @@ OnLost = Callable[["Lease"], Any]
 _HOSTNAME = socket.gethostname()
 
 
-def default_holder() -> str:
-    """``"<hostname>:<pid>:<thread name>"``, the identity recorded on a leased row."""
-    return f"{_HOSTNAME}:{os.getpid()}:{threading.current_thread().name}"[:255]
+def process_identity() -> str:
+    """``"<hostname>:<pid>"``: this process, as recorded on the rows it holds."""
+    return f"{_HOSTNAME}:{os.getpid()}"
+
+
+def default_holder(thread_name: str | None = None) -> str:
+    """``"<hostname>:<pid>:<thread name>"`` (the current thread's name unless one is given),
+    the identity recorded on a leased row."""
+    name = threading.current_thread().name if thread_name is None else thread_name
+    return f"{process_identity()}:{name}"[:255]
+
+
+def require_kind(alias: str, kind: str) -> None:
+    """Raise ``NoResourceAvailable`` (``exists=False``) if ``kind`` has no resources at all,
+    so that a caller says so at once instead of waiting out its timeout."""
+    if run_repeatable(alias, lambda d, c: d.kind_exists(c, kind), what=f"looking up kind {kind!r}"):
+        return
+    hint = ""
+    if transaction.get_connection(alias).in_atomic_block:
+        hint = (
+            " (leases are taken on their own connection, which cannot see rows your open transaction has not committed)"
+        )
+    raise NoResourceAvailable(f"there are no resources of kind {kind!r}{hint}", kind=kind, exists=False)
 
 
 def safety_margin(ttl: float) -> float:
@@ -297,15 +317,7 @@ def acquire(
         nonlocal exists_checked
         lease = attempt_grant(kind, ttl=ttl, holder=holder, alias=alias, on_lost=on_lost)
         if lease is None and not exists_checked:
-            exists = run_repeatable(alias, lambda d, c: d.kind_exists(c, kind), what=f"looking up kind {kind!r}")
-            if not exists:
-                hint = ""
-                if transaction.get_connection(alias).in_atomic_block:
-                    hint = (
-                        " (leases are taken on their own connection, which cannot see rows"
-                        " your open transaction has not committed)"
-                    )
-                raise NoResourceAvailable(f"there are no resources of kind {kind!r}{hint}", kind=kind, exists=False)
+            require_kind(alias, kind)
             exists_checked = True
         return lease
 

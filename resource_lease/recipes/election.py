@@ -18,7 +18,6 @@ import functools
 import json
 import logging
 import os
-import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +26,7 @@ from resource_lease import named
 from resource_lease.conf import lease_settings
 from resource_lease.db.connections import close_connections
 from resource_lease.exceptions import LeaseError, LeaseLost, NoResourceAvailable
-from resource_lease.lease import Lease, granted, refuse_inside_single_writer_transaction
+from resource_lease.lease import Lease, granted, process_identity, refuse_inside_single_writer_transaction
 from resource_lease.renewal import renewer
 from resource_lease.validation import (
     check_alias,
@@ -50,7 +49,7 @@ OnRevoked = Callable[[str], Any]
 
 def default_candidate() -> str:
     """``"<hostname>:<pid>"``: who campaigns when no ``holder`` is given."""
-    return f"{socket.gethostname()}:{os.getpid()}"[:255]
+    return process_identity()[:255]
 
 
 def check_state(value: Any, name: str = "state") -> dict[str, Any]:

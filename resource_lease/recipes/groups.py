@@ -18,9 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import secrets
-import socket
 import threading
 from collections.abc import Callable, Iterable
 from types import TracebackType
@@ -30,7 +28,7 @@ from resource_lease import named
 from resource_lease.conf import lease_settings
 from resource_lease.db.connections import close_connections
 from resource_lease.exceptions import LeaseError, MemberTaken
-from resource_lease.lease import Lease, granted, refuse_inside_single_writer_transaction
+from resource_lease.lease import Lease, granted, process_identity, refuse_inside_single_writer_transaction
 from resource_lease.validation import check_alias, check_callable, check_name, check_seconds, check_timeout
 from resource_lease.waiting import Backoff, wait_for
 
@@ -42,13 +40,13 @@ MembersCallback = Callable[[list[str]], Any]
 
 def default_member() -> str:
     """``"<host>:<pid>"``: a member name no other live process has."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    return process_identity()
 
 
 def process_holder() -> str:
     """The holder recorded on a member's row: this process, and which object in it (two
     objects of one process using the same member name are two claimants too)."""
-    return f"{socket.gethostname()}:{os.getpid()}#{secrets.token_hex(3)}"
+    return f"{process_identity()}#{secrets.token_hex(3)}"
 
 
 def check_member(value: Any) -> str:
