@@ -33,7 +33,7 @@ from typing import Any
 from resource_lease.conf import lease_settings
 from resource_lease.db.base import Dialect, Row
 
-#: Ids sampled per kind (the least recently used free ones): plenty to spread contenders,
+#: Rows sampled per kind (any free ones; on MySQL the least recently used): plenty to spread contenders,
 #: small enough that refreshing the sample costs little on a pool of 100,000.
 SAMPLE_SIZE = 256
 #: Weight of the newest probe in the hit rate (an exponential moving average).

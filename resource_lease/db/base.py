@@ -58,8 +58,6 @@ class Dialect:
     false = "FALSE"
     #: Between the table and WHERE of a read of the acquire index (MySQL names the index).
     index_hint = ""
-    #: The acquire index's order for the free rows of one kind.
-    free_order = "busy_before"
     #: ``INSERT ... <this>``: a row whose (kind, name) exists already is kept as it is.
     on_conflict_keep = "ON CONFLICT (kind, name) DO NOTHING"
     #: The statements by name (``statements.TEMPLATES``); a vendor adds its ACQUIRE_SCAN.
@@ -100,7 +98,6 @@ class Dialect:
             "true": self.true,
             "false": self.false,
             "index_hint": self.index_hint,
-            "free_order": self.free_order,
             "on_conflict_keep": self.on_conflict_keep,
         }
 
@@ -156,7 +153,7 @@ class Dialect:
         )
 
     def free_rows(self, cursor: Any, *, kind: str, limit: int) -> tuple[list[Row], Any]:
-        """Up to ``limit`` rows of ``kind`` free now, least recently used first, and the
+        """Up to ``limit`` rows of ``kind`` free now (in no promised order), and the
         database's clock when they were read (raw): the sample ``acquire()`` probes (a hint
         only: every grant re-checks its row)."""
         cursor.execute(statements.fill(self.sql["FREE_ROWS"], limit=str(int(limit))), (kind,))

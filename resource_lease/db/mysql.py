@@ -131,7 +131,6 @@ class MySQLDialect(Dialect):
     on_conflict_keep = "ON DUPLICATE KEY UPDATE id = id"
     # See ACQUIRE_SCAN: the planner must be told to walk the acquire index in its order.
     index_hint = f"FORCE INDEX ({ACQUIRE_INDEX})"
-    free_order = "kind, busy_before"
     templates = {
         **Dialect.templates,
         "ACQUIRE_SCAN": ACQUIRE_SCAN,

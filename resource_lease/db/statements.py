@@ -13,7 +13,7 @@ The pieces a template may use:
     The driver's placeholder (``%s``, SQLite's ``?``).
 ``{now}``, ``{expiry}``
     The database's clock in UTC, and ``now + ttl`` whose ttl is the next parameter.
-``{true}``, ``{false}``, ``{index_hint}``, ``{free_order}``, ``{on_conflict_keep}``
+``{true}``, ``{false}``, ``{index_hint}``, ``{on_conflict_keep}``
     Vendor spellings (see ``Dialect``).
 ``{free}``, ``{ours}``, ``{grant_set}``, ``{freed_at}``, ``{missing_row}``
     The fragments below, rendered first: a template may use any template above it, by its
@@ -95,9 +95,12 @@ GRANT_BY_NAME = Returning(
     read_back="kind = {p} AND name = {p} AND grant_token = {p}",
 )
 
-# The free rows of a kind, least recently used first, and the database's clock: the sample
-# acquire() probes. (kind)
-FREE_ROWS = "SELECT {columns}, {now} FROM {table} {index_hint} WHERE {free} ORDER BY {free_order} LIMIT {limit}"
+# Up to {limit} free rows of a kind, and the database's clock: the sample acquire() probes.
+# No ORDER BY: any free rows will do, and with statistics older than the pool a sort let the
+# planner read every row of the kind to sort them (MariaDB: 100,000 rows, 0.5 s, each time;
+# docs/pitfalls.md#stale-statistics). Walked in the acquire index's order where it is
+# named ({index_hint}), which is least recently used first. (kind)
+FREE_ROWS = "SELECT {columns}, {now} FROM {table} {index_hint} WHERE {free} LIMIT {limit}"
 
 # The database's clock alone, when a read found no rows to carry it.
 READ_CLOCK = "SELECT {now}"
