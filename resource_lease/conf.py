@@ -52,6 +52,13 @@ class LeaseSettings:
     #: and disabling count at once everywhere). 0 turns probing off: every acquire scans,
     #: least recently used first.
     PROBE_REFRESH: float = 1.0
+    #: The engine's own connections have the server parse and plan each lease statement
+    #: once per connection, not on every execution (PostgreSQL: psycopg's server-side
+    #: binding and prepared statements, unless the alias's OPTIONS choose
+    #: ``server_side_binding`` or ``prepare_threshold`` themselves). Turn off behind a pooler
+    #: that cannot carry prepared statements (PgBouncer in transaction mode before 1.21).
+    #: Your own connections keep Django's settings.
+    PREPARED_STATEMENTS: bool = True
     #: Default quarantine length (seconds) for a resource found invalid.
     QUARANTINE_SECONDS: float = 3600.0
     #: Keep an audit trail of lease events (``LeaseEvent``): grants, take-overs, releases,
@@ -175,6 +182,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "LOCK_WAIT_TIMEOUT": _seconds(),
     "PROBE_REFRESH": _seconds(allow_zero=True),
     "QUARANTINE_SECONDS": _seconds(),
+    "PREPARED_STATEMENTS": _bool,
     "AUDIT": _bool,
     "AUDIT_FLUSH_INTERVAL": _seconds(),
     "AUDIT_MAX_BUFFERED": _count(minimum=1),

@@ -87,3 +87,17 @@ def test_bad_options_are_refused_before_anything_is_written(tmp_path: Path, args
     with pytest.raises(CommandError, match=message):
         call_command("lease_bench", "--out", str(out), *args, stdout=io.StringIO())
     assert not out.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cycle_cost_measures_four_loops_and_leaves_nothing_behind() -> None:
+    stdout = io.StringIO()
+    call_command("cycle_cost", "--cycles", "30", "--rounds", "2", "--pool", "4", "--json", stdout=stdout)
+    result = json.loads(stdout.getvalue())
+    assert list(result["loops"]) == ["floor", "lease floor", "engine statements", "engine"]
+    for name, row in result["loops"].items():
+        assert row["worker_us"] > 0, name
+        assert row["total_us"] == pytest.approx(row["server_us"] + row["worker_us"], abs=0.2)
+        assert len(result["per_round"]["worker_us"][name]) == 2
+    assert result["loops"]["floor"]["x_floor"] == 1.0
+    assert not Resource.objects.filter(kind="cyclecost").exists()

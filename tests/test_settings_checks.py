@@ -38,6 +38,7 @@ BAD = [
     ("QUARANTINE_SECONDS", 1e12, "must be at most 1e+09 seconds"),
     ("PROBE_REFRESH", -0.5, "must be >= 0 seconds"),
     ("AUDIT", "yes", "must be True or False"),
+    ("PREPARED_STATEMENTS", 1, "must be True or False"),
     ("AUDIT_FLUSH_INTERVAL", 0, "must be > 0 seconds"),
     ("AUDIT_MAX_BUFFERED", 0, "must be >= 1"),
     ("AUDIT_RETENTION_DAYS", -30, "must be > 0 days"),

@@ -123,8 +123,9 @@ class Dialect:
         """The connection was lost: the next ``connect`` may choose another server."""
 
     @staticmethod
-    def connect_options(options: dict[str, Any], io_timeout: float) -> None:
-        """Driver options (timeouts) for the engine's own connections; the user's win."""
+    def connect_options(options: dict[str, Any], io_timeout: float, *, prepared: bool) -> None:
+        """Driver options (timeouts; server-side prepared statements if ``prepared`` and the
+        driver has them) for the engine's own connections; the user's win."""
 
     def classify(self, exc: BaseException) -> Failure:
         raise NotImplementedError

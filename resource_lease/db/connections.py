@@ -72,7 +72,9 @@ class LeaseConnection:
         settings_dict["OPTIONS"] = dict(settings_dict.get("OPTIONS") or {})
         self.dialect_class = dialect_class(base.vendor)
         io_timeout = float(lease_settings.LOCK_WAIT_TIMEOUT) + 5.0
-        self.dialect_class.connect_options(settings_dict["OPTIONS"], io_timeout)
+        self.dialect_class.connect_options(
+            settings_dict["OPTIONS"], io_timeout, prepared=bool(lease_settings.PREPARED_STATEMENTS)
+        )
         self.wrapper: BaseDatabaseWrapper = type(base)(settings_dict, alias)
         self.dialect: Dialect = self.dialect_class(self.wrapper)
         #: Which rows this thread's acquires try first (kept across reconnects).

@@ -287,7 +287,7 @@ class MySQLDialect(Dialect):
         return cached
 
     @staticmethod
-    def connect_options(options: dict[str, Any], io_timeout: float) -> None:
+    def connect_options(options: dict[str, Any], io_timeout: float, *, prepared: bool) -> None:
         from MySQLdb.constants import CLIENT
 
         # Matched rows, never "changed rows" (Django's backend sets CLIENT.FOUND_ROWS, but an

@@ -1,0 +1,86 @@
+"""The engine's own PostgreSQL connections prepare their statements; the user's keep Django's way.
+
+Django's psycopg 3 backend binds parameters into the text and never prepares, so PostgreSQL
+parses and plans each lease statement on every execution (docs/pitfalls.md#prepared-statements).
+The engine's private connections bind on the server and let psycopg prepare what they run
+often; ``PREPARED_STATEMENTS = False`` (behind a pooler that cannot carry prepared statements)
+turns that off, and is the negative control: the same check finds nothing prepared.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from resource_lease import acquire
+from resource_lease.db.connections import close_connections, run
+from resource_lease.db.postgresql import PREPARE_THRESHOLD, PostgreSQLDialect
+
+CYCLES = PREPARE_THRESHOLD + 5
+
+
+def _prepared_on_lease_connection() -> list[str]:
+    def read(dialect: Any, cursor: Any) -> list[str]:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        return [row[0] for row in cursor.fetchall()]
+
+    return run("default", read, what="reading pg_prepared_statements")
+
+
+def _cycle(kind: str) -> None:
+    for _ in range(CYCLES):
+        acquire(kind, ttl=30).release()
+
+
+@pytest.fixture
+def fresh_lease_connection() -> Any:
+    close_connections()  # the next statement opens one with the current settings
+    yield
+    close_connections()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="psycopg's prepared statements: PostgreSQL only")
+def test_the_lease_statements_are_prepared_on_the_engine_connection_only(
+    make_pool: Any, fresh_lease_connection: None
+) -> None:
+    make_pool("prep", 4)
+    _cycle("prep")
+    prepared = _prepared_on_lease_connection()
+    assert any("grant_token" in sql and sql.lstrip().upper().startswith("UPDATE") for sql in prepared), prepared
+    assert any("released_at" in sql for sql in prepared), prepared  # the release
+    with connection.cursor() as cursor:  # the user's own connection: Django's settings
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+        assert cursor.fetchone()[0] == 0
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="psycopg's prepared statements: PostgreSQL only")
+def test_negative_control_prepared_statements_off_prepares_nothing(
+    make_pool: Any, settings: Any, fresh_lease_connection: None
+) -> None:
+    settings.RESOURCE_LEASE = {**settings.RESOURCE_LEASE, "PREPARED_STATEMENTS": False}
+    make_pool("prep", 4)
+    _cycle("prep")
+    assert _prepared_on_lease_connection() == []
+
+
+@pytest.mark.parametrize(
+    "chosen",
+    [{"prepare_threshold": None}, {"server_side_binding": False}, {"prepare_threshold": 1}],
+)
+def test_an_alias_that_chose_binding_or_preparing_keeps_its_choice(chosen: dict[str, Any]) -> None:
+    options = dict(chosen)
+    PostgreSQLDialect.connect_options(options, 5.0, prepared=True)
+    for key, value in chosen.items():
+        assert options[key] == value
+    assert "server_side_binding" not in options or options["server_side_binding"] is chosen.get("server_side_binding")
+
+
+def test_by_default_the_engine_binds_on_the_server_and_prepares() -> None:
+    options: dict[str, Any] = {}
+    PostgreSQLDialect.connect_options(options, 5.0, prepared=True)
+    assert options["server_side_binding"] is True and options["prepare_threshold"] == PREPARE_THRESHOLD
+    off: dict[str, Any] = {}
+    PostgreSQLDialect.connect_options(off, 5.0, prepared=False)
+    assert "server_side_binding" not in off and "prepare_threshold" not in off
