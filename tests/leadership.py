@@ -7,8 +7,8 @@ taken after a ``check()`` and ended before another, so it lies inside the real l
 and every state they saved as ``<ns> SAVED <fence> <units>`` in their event file
 (``EventLog``). At most one leader at any instant shows as: no two units overlap, fences never
 go down along time, one fence belongs to one worker (tests/grants.py with ``units=True``), and
-the saved ``units`` run 1, 2, 3, ... (a leader that missed its predecessor's last state, or
-two leaders saving at once, repeat or skip a number).
+the saved ``units``, in commit order (by fence), run 1, 2, 3, ... (a leader that missed its
+predecessor's last state, or two leaders saving at once, repeat or skip a number).
 """
 
 from __future__ import annotations
@@ -79,7 +79,12 @@ def check(directory: Path, killed: frozenset[str] = frozenset()) -> Verdict:
     )
     for worker, lines in events(directory).items():
         verdict.saved += [(int(f[0]), int(f[2]), int(f[3]), worker) for f in lines if f[1] == "SAVED"]
-    verdict.saved.sort()
+    # In the order the saves committed: by fence (each leadership's saves commit before the
+    # next leadership's grant, which is what fencing guarantees), then by units. Not by when
+    # they were logged: a leader SIGSTOPped after its save committed and before it logged it
+    # logs it on SIGCONT, after its successor's saves. A save that did commit late (a fencing
+    # failure) still shows: its successor read the state without it, so a unit is saved twice.
+    verdict.saved.sort(key=lambda s: (s[1], s[2], s[0]))
     last, by = 0, ""
     for _, _, units, worker in verdict.saved:
         unlogged = worker != by and by in killed
