@@ -83,6 +83,8 @@ RESOURCE_LEASE = {
     "TTL": float(os.environ.get("RESOURCE_LEASE_TTL", "30")),
     # The audit trail of grants, take-overs, releases and operator actions (admin: Lease events).
     "AUDIT": os.environ.get("RESOURCE_LEASE_AUDIT", "1") == "1",
+    # PostgreSQL: the engine's connections prepare their statements (0: off, to compare).
+    "PREPARED_STATEMENTS": os.environ.get("RESOURCE_LEASE_PREPARED_STATEMENTS", "1") == "1",
 }
 
 # Celery (project/celery.py, docs/celery.md): the broker from CELERY_BROKER_URL (Redis,

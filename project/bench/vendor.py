@@ -70,7 +70,24 @@ def counters(target: Target) -> dict[str, int]:
         return found | {name: int(value) for name, value in cursor.fetchall()}
 
 
-_SERVER_PROCESSES = {"mysql": ("mysqld", "mariadbd"), "postgresql": ("postgres",)}
+#: The names of a vendor's local server processes, as /proc/<pid>/stat gives them.
+SERVER_PROCESSES = {"mysql": ("mysqld", "mariadbd"), "postgresql": ("postgres",)}
+
+
+def cpu_ticks(*, pids: list[int] | None = None, names: tuple[str, ...] = ()) -> dict[int, int]:
+    """CPU clock ticks (user + system) by pid, from /proc: of ``pids``, or else of every
+    process named one of ``names``; a process gone meanwhile is left out."""
+    procs = [Path(f"/proc/{pid}") for pid in pids] if pids is not None else Path("/proc").glob("[0-9]*")
+    found: dict[int, int] = {}
+    for proc in procs:
+        try:
+            stat = (proc / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        if pids is not None or stat[stat.index("(") + 1 : stat.rindex(")")] in names:
+            fields = stat[stat.rindex(")") + 2 :].split()
+            found[int(proc.name)] = int(fields[11]) + int(fields[12])  # utime, stime
+    return found
 
 
 # Per vendor: CPU ticks by pid at the last reading, and the ticks counted so far.
@@ -82,16 +99,7 @@ def _server_cpu_ms(vendor: str) -> int:
     """CPU (user + system, ms) the local server processes of ``vendor`` spent since the first
     call, counting each process only between two readings that both saw it (a backend that
     came or went in between, another client's, does not make the figure jump)."""
-    names = _SERVER_PROCESSES.get(vendor, ())
-    now: dict[int, int] = {}
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (proc / "stat").read_text()
-        except OSError:
-            continue  # gone meanwhile
-        if stat[stat.index("(") + 1 : stat.rindex(")")] in names:
-            fields = stat[stat.rindex(")") + 2 :].split()
-            now[int(proc.name)] = int(fields[11]) + int(fields[12])  # utime, stime
+    now = cpu_ticks(names=SERVER_PROCESSES.get(vendor, ()))
     seen = _ticks_seen.get(vendor, {})
     _ticks_total[vendor] = _ticks_total.get(vendor, 0) + sum(
         ticks - seen[pid] for pid, ticks in now.items() if pid in seen and ticks >= seen[pid]

@@ -29,7 +29,6 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -38,6 +37,7 @@ from django.db import connections
 from django.utils import timezone
 
 from project.arguments import positive_int
+from project.bench.vendor import SERVER_PROCESSES, cpu_ticks
 from resource_lease.db.connections import close_connections, lease_connection
 from resource_lease.lease import acquire, default_holder
 from resource_lease.models import Resource
@@ -47,37 +47,17 @@ TTL = 30.0
 LOOPS = ("floor", "lease floor", "engine statements", "engine")
 
 
-def _ticks(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total
-
-
 def _server_pids(vendor: str, cursors: list[Any]) -> list[int]:
+    """The local server processes serving ``cursors``: PostgreSQL's backends of these
+    connections, MySQL's whole server; none for SQLite or a server elsewhere."""
     if vendor == "postgresql":
-        found = []
+        pids = []
         for cursor in cursors:
             cursor.execute("SELECT pg_backend_pid()")
-            pid = int(cursor.fetchall()[0][0])
-            if Path(f"/proc/{pid}").exists():
-                found.append(pid)
-        return found
+            pids.append(int(cursor.fetchall()[0][0]))
+        return list(cpu_ticks(pids=pids))  # those on this machine
     if vendor == "mysql":
-        found = []
-        for proc in Path("/proc").glob("[0-9]*"):
-            try:
-                stat = (proc / "stat").read_text()
-            except OSError:
-                continue
-            if stat[stat.index("(") + 1 : stat.rindex(")")] in ("mysqld", "mariadbd"):
-                found.append(int(proc.name))
-        return found
+        return list(cpu_ticks(names=SERVER_PROCESSES["mysql"]))
     return []
 
 
@@ -167,10 +147,10 @@ class Command(BaseCommand):
         for _ in range(rounds):
             for name in order:
                 loop = loops[name]
-                ticks0, cpu0 = _ticks(pids), time.process_time()
+                ticks0, cpu0 = sum(cpu_ticks(pids=pids).values()), time.process_time()
                 for _ in range(cycles):
                     loop()
-                cpu1, ticks1 = time.process_time(), _ticks(pids)
+                cpu1, ticks1 = time.process_time(), sum(cpu_ticks(pids=pids).values())
                 server[name].append((ticks1 - ticks0) / hz / cycles * 1e6)
                 worker[name].append((cpu1 - cpu0) / cycles * 1e6)
             order = order[1:] + order[:1]
