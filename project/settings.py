@@ -86,6 +86,11 @@ RESOURCE_LEASE = {
     # PostgreSQL: the engine's connections prepare their statements (0: off, to compare).
     "PREPARED_STATEMENTS": os.environ.get("RESOURCE_LEASE_PREPARED_STATEMENTS", "1") == "1",
 }
+# The line of waiters' pacing (docs/waiting.md#settings), for benchmarks that try others:
+# RESOURCE_LEASE_LINE_POLL=0.02 lease_bench --scenario waiting ...
+for _key in ("LINE_POLL", "LINE_POLL_MAX"):
+    if os.environ.get(f"RESOURCE_LEASE_{_key}"):
+        RESOURCE_LEASE[_key] = float(os.environ[f"RESOURCE_LEASE_{_key}"])
 
 # Celery (project/celery.py, docs/celery.md): the broker from CELERY_BROKER_URL (Redis,
 # RabbitMQ); by default kombu's filesystem transport under var/, which needs no server, so the

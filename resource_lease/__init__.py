@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from resource_lease.exceptions import (
     BarrierTimeout,
+    DatabaseUnavailable,
     LeaseDatabaseError,
     LeaseError,
     LeaseLost,
     LockHeld,
     MemberTaken,
     NoResourceAvailable,
+    OutcomeUnknown,
 )
 
 __version__ = "0.1.0"
@@ -25,6 +27,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BarrierTimeout",
     "Config",
+    "DatabaseUnavailable",
     "Dispenser",
     "DoubleBarrier",
     "Election",
@@ -37,36 +40,50 @@ __all__ = [
     "LockHeld",
     "MemberTaken",
     "NoResourceAvailable",
+    "OutcomeUnknown",
     "ResourceHolder",
     "Watch",
     "WorkItem",
     "Worker",
+    "aacquire",
     "acquire",
+    "alock",
+    "arwlock",
+    "asemaphore",
     "close_connections",
+    "counter",
     "leader_only",
     "lock",
     "notify",
+    "rwlock",
     "semaphore",
     "synchronized",
     "watch",
 ]
 
 if TYPE_CHECKING:
+    from resource_lease.aio import aacquire, alock, arwlock, asemaphore
     from resource_lease.db.connections import close_connections
     from resource_lease.holder import ResourceHolder
     from resource_lease.lease import Lease, acquire
     from resource_lease.recipes.barrier import DoubleBarrier
     from resource_lease.recipes.config import Config
+    from resource_lease.recipes.counters import counter
     from resource_lease.recipes.dispenser import Dispenser, WorkItem
     from resource_lease.recipes.election import Election, leader_only
     from resource_lease.recipes.groups import Group
     from resource_lease.recipes.locks import lock, semaphore, synchronized
     from resource_lease.recipes.notifications import Watch, notify, watch
+    from resource_lease.recipes.rwlock import rwlock
     from resource_lease.recipes.worker import FolderWorker, Worker
 
 # The names below import models, which need the app registry; resolve them on first use so
 # that ``import resource_lease`` works before django.setup() (e.g. in settings or celery.py).
 _LAZY = {
+    "aacquire": "resource_lease.aio",
+    "alock": "resource_lease.aio",
+    "asemaphore": "resource_lease.aio",
+    "arwlock": "resource_lease.aio",
     "acquire": "resource_lease.lease",
     "Lease": "resource_lease.lease",
     "ResourceHolder": "resource_lease.holder",
@@ -82,10 +99,12 @@ _LAZY = {
     "lock": "resource_lease.recipes.locks",
     "semaphore": "resource_lease.recipes.locks",
     "synchronized": "resource_lease.recipes.locks",
+    "rwlock": "resource_lease.recipes.rwlock",
     "notify": "resource_lease.recipes.notifications",
     "watch": "resource_lease.recipes.notifications",
     "Watch": "resource_lease.recipes.notifications",
     "Config": "resource_lease.recipes.config",
+    "counter": "resource_lease.recipes.counters",
 }
 
 

@@ -246,6 +246,7 @@ def _on_granted(sender: Any, lease: Any, **kwargs: Any) -> None:
         fence=lease.fence,
         previous_holder=resource.previous_holder if took_over else "",
         expires_at=lease.expires_at,
+        waited=lease.waited,
     )
 
 
@@ -279,10 +280,19 @@ def _on_lost(sender: Any, lease: Any, reason: str, **kwargs: Any) -> None:
     )
 
 
+def _on_not_granted(
+    sender: Any, kind: str, outcome: str, seconds: float, using: str, holder: str = "", **kwargs: Any
+) -> None:
+    if not lease_settings.AUDIT or outcome != "timeout":
+        return  # an error is the caller's exception (and the log's), not a lease event
+    writer.record(using, event=LeaseEvent.TIMED_OUT, kind=kind, name="", holder=holder[:255], waited=seconds)
+
+
 def _record_operation(event: str, resources: list[Resource], using: str, detail: str = "") -> None:
     if not lease_settings.AUDIT:
         return
     actor = _actor.get()
+    cut_off = event == LeaseEvent.FORCE_RELEASED
     for resource in resources:
         writer.record(
             using,
@@ -290,7 +300,9 @@ def _record_operation(event: str, resources: list[Resource], using: str, detail:
             kind=resource.kind,
             name=resource.name,
             resource_id=resource.pk,
-            holder=resource.holder,
+            # A force release names the holder it cut off; for a quarantine or a restore the
+            # row's last holder (often long gone) is no part of it: the actor did it.
+            holder=resource.holder if cut_off else "",
             fence=resource.fence,
             actor=actor,
             detail=detail[:500],
@@ -315,7 +327,7 @@ def _on_restored(sender: Any, resources: list[Resource], using: str, **kwargs: A
 
 
 def _on_force_released(sender: Any, resources: list[Resource], using: str, **kwargs: Any) -> None:
-    _record_operation(LeaseEvent.FORCE_RELEASED, resources, using, "cut off by an operator")
+    _record_operation(LeaseEvent.FORCE_RELEASED, resources, using)
 
 
 def connect_receivers() -> None:
@@ -324,6 +336,7 @@ def connect_receivers() -> None:
         (signals.lease_granted, _on_granted),
         (signals.lease_released, _on_released),
         (signals.lease_lost, _on_lost),
+        (signals.lease_not_granted, _on_not_granted),
         (signals.resources_quarantined, _on_quarantined),
         (signals.resources_restored, _on_restored),
         (signals.resources_force_released, _on_force_released),

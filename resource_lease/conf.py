@@ -33,9 +33,20 @@ class LeaseSettings:
     #: local deadline (capped by SAFETY_MARGIN_MAX seconds).
     SAFETY_MARGIN: float = 0.1
     SAFETY_MARGIN_MAX: float = 2.0
-    #: First and largest pause (seconds) between attempts while waiting for a resource.
+    #: First and largest pause (seconds) between attempts of the waits that are not a line
+    #: (a barrier waiting for its members, a group member name waiting for its old holder).
     BACKOFF_BASE: float = 0.02
     BACKOFF_MAX: float = 1.0
+    #: Seconds between two looks at its line of the first waiter, where the database cannot
+    #: wake it (MySQL/MariaDB, SQLite; a look is one indexed read): a freed row reaches it
+    #: about this late. A waiter with n places ahead of it looks every (n + 1) x this, at most
+    #: LINE_POLL_MAX apart. Waiters in the same process are woken at once everywhere, and on
+    #: PostgreSQL a release wakes them (NOTIFY).
+    LINE_POLL: float = 0.005
+    #: The longest pause between two looks of any waiter (PostgreSQL: the fallback for a
+    #: NOTIFY missed while the listener reconnected; everywhere: a row freed by an operator, a
+    #: lease that expired unreleased is noticed at its expiry).
+    LINE_POLL_MAX: float = 1.0
     #: Retries of a statement the database rolled back for a transient reason (deadlock,
     #: serialization failure, a Galera certification conflict; docs/pitfalls.md#read-committed).
     #: A lock wait timeout is not retried: it has already waited LOCK_WAIT_TIMEOUT.
@@ -45,7 +56,7 @@ class LeaseSettings:
     #: (docs/pitfalls.md#lock-wait).
     LOCK_WAIT_TIMEOUT: float = 5.0
     #: Seconds a thread keeps its sample of a kind's free resource ids, which ``acquire()``
-    #: tries by primary key before it scans the pool (see ``resource_lease.picking``): a new
+    #: tries by primary key before it scans the pool (see ``resource_lease.db.picking``): a new
     #: resource is tried by probes at most this long after it was added (the scan finds it
     #: at once), and on MySQL/MariaDB, where a probed row's name and data come from the
     #: sample, a changed payload is returned at most this long after the change (quarantine
@@ -59,6 +70,9 @@ class LeaseSettings:
     #: that cannot carry prepared statements (PgBouncer in transaction mode before 1.21).
     #: Your own connections keep Django's settings.
     PREPARED_STATEMENTS: bool = True
+    #: Seconds a dispenser's claim lasts unless renewed, when ``Dispenser`` (or a ``Worker``)
+    #: is given no ttl: work items take longer than a lease's critical section.
+    DISPENSER_TTL: float = 300.0
     #: Default quarantine length (seconds) for a resource found invalid.
     QUARANTINE_SECONDS: float = 3600.0
     #: Keep an audit trail of lease events (``LeaseEvent``): grants, take-overs, releases,
@@ -178,10 +192,13 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "SAFETY_MARGIN_MAX": _seconds(allow_zero=True),
     "BACKOFF_BASE": _seconds(),
     "BACKOFF_MAX": _seconds(),
+    "LINE_POLL": _seconds(),
+    "LINE_POLL_MAX": _seconds(),
     "TRANSIENT_RETRIES": _count(minimum=0),
     "LOCK_WAIT_TIMEOUT": _seconds(),
     "PROBE_REFRESH": _seconds(allow_zero=True),
     "QUARANTINE_SECONDS": _seconds(),
+    "DISPENSER_TTL": _seconds(),
     "PREPARED_STATEMENTS": _bool,
     "AUDIT": _bool,
     "AUDIT_FLUSH_INTERVAL": _seconds(),
@@ -215,6 +232,11 @@ def combination_problems(user: Mapping[str, Any]) -> list[str]:
         problems.append(
             f"RESOURCE_LEASE['BACKOFF_MAX'] ({values['BACKOFF_MAX']:g}) must be >= RESOURCE_LEASE['BACKOFF_BASE']"
             f" ({values['BACKOFF_BASE']:g})"
+        )
+    if values["LINE_POLL_MAX"] < values["LINE_POLL"]:
+        problems.append(
+            f"RESOURCE_LEASE['LINE_POLL_MAX'] ({values['LINE_POLL_MAX']:g}) must be >= RESOURCE_LEASE['LINE_POLL']"
+            f" ({values['LINE_POLL']:g})"
         )
     return problems
 

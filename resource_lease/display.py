@@ -33,6 +33,17 @@ def quarantine_left(resource: Any) -> dt.timedelta | None:
     return until - now
 
 
+def lock_delay_until(resource: Any) -> dt.datetime | None:
+    """When the lock delay of an annotated resource ends, while it runs: its grant expired
+    unreleased less than its ``lock_delay`` ago (by the database's clock), so nobody is granted
+    it yet; None otherwise."""
+    now, delay = getattr(resource, "db_now", None), getattr(resource, "lock_delay", 0.0) or 0.0
+    if now is None or not delay or not resource.grant_token or resource.busy_before > now:
+        return None
+    until: dt.datetime = resource.busy_before + dt.timedelta(seconds=delay)
+    return until if until > now else None
+
+
 def current_holder(resource: Any) -> str:
     """The holder of the current grant, live or expired ('' once released: the column keeps the
     last holder, which is not worth showing as if it held the resource)."""
@@ -85,3 +96,18 @@ def format_duration(value: dt.timedelta | float | None) -> str:
     if minutes:
         return f"{minutes}m {secs:02d}s"
     return f"{secs}s"
+
+
+def format_wait(seconds: float | None, *, bound: bool = False) -> str:
+    """A wait: ``"12 ms"``, ``"0.25 s"``, ``"4.2 s"``, then as ``format_duration``; with
+    ``bound``, a histogram bucket's bound (``"≤ 0.25 s"``; the last one is ``"> 300 s"``)."""
+    if seconds is None:
+        return "-"
+    if seconds == float("inf"):
+        return "> 300 s"
+    prefix = "≤ " if bound else ""
+    if seconds < 0.1:
+        return f"{prefix}{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{prefix}{seconds:.3g} s"
+    return prefix + format_duration(seconds)

@@ -55,6 +55,26 @@ class LeaseDatabaseError(LeaseError):
     """The database failed in a way the engine could not retry away."""
 
 
+class DatabaseUnavailable(LeaseDatabaseError):
+    """The database alias could not be connected to: nothing was sent, nothing written.
+
+    ``alias`` names it, ``what`` says what was being done; both are in the message."""
+
+    def __init__(self, message: str, *, alias: str = "", what: str = "") -> None:
+        super().__init__(message)
+        self.alias = alias
+        self.what = what
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), self.args, {"alias": self.alias, "what": self.what})
+
+
+class OutcomeUnknown(LeaseDatabaseError):
+    """The connection was lost while a write that cannot be repeated safely was under way
+    (``counter.add``, ``Config.compare_and_set``): it may or may not have been applied, and
+    the engine does not guess (docs/pitfalls.md#unknown-outcome). Read the state and decide."""
+
+
 class LeaseConfigError(LeaseError, ImproperlyConfigured):
     """A ``RESOURCE_LEASE`` setting has a value the app cannot use; the message names it.
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-import secrets
 import socket
 import threading
 import time
@@ -16,22 +15,26 @@ from typing import Any
 
 from django.db import transaction
 
-from resource_lease import renewal, signals
+from resource_lease import line, pool, renewal, signals
+from resource_lease.audit import acting_as
 from resource_lease.conf import lease_settings
-from resource_lease.db.base import Row
-from resource_lease.db.connections import Disconnected, LockWaitTimeout, lease_connection, run, run_repeatable
+from resource_lease.db.line import NEWCOMER, Turn
+from resource_lease.db.operations import Grant, Operations, ops
 from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost, NoResourceAvailable
+from resource_lease.keeper import dispatch
 from resource_lease.models import Resource
 from resource_lease.validation import (
+    Options,
     check_alias,
     check_bool,
     check_callable,
-    check_holder,
     check_kind,
+    check_priority,
     check_seconds,
     check_timeout,
+    check_where,
 )
-from resource_lease.waiting import wait_for
+from resource_lease.wakeups import wake_row
 
 logger = logging.getLogger("resource_lease")
 
@@ -56,7 +59,7 @@ def default_holder(thread_name: str | None = None) -> str:
 def require_kind(alias: str, kind: str) -> None:
     """Raise ``NoResourceAvailable`` (``exists=False``) if ``kind`` has no resources at all,
     so that a caller says so at once instead of waiting out its timeout."""
-    if run_repeatable(alias, lambda d, c: d.kind_exists(c, kind), what=f"looking up kind {kind!r}"):
+    if ops(alias).kind_exists(kind):
         return
     hint = ""
     if transaction.get_connection(alias).in_atomic_block:
@@ -96,6 +99,8 @@ class Lease:
         self.ttl = ttl
         self.using = using
         self.on_lost = on_lost
+        #: Whose callbacks ``on_lost`` is ordered with (a recipe's: its election, its group).
+        self.callback_owner: object | None = None
         #: Set when this process learns the lease is gone (renewal refused, deadline passed);
         #: ``lost`` is the same as a bool. Wait on it: ``lease.lost_event.wait(timeout)``.
         self.lost_event = threading.Event()
@@ -105,6 +110,8 @@ class Lease:
         self._lock = threading.Lock()
         self._fenced = 0  # open fenced() blocks, which hold the resource's row lock
         self._deadline = sent_at + ttl - safety_margin(ttl)
+        #: Seconds the caller waited for this grant (set by the entry point that waited).
+        self.waited: float | None = None
 
     def __repr__(self) -> str:
         state = "released" if self._released else "lost" if self.lost_event.is_set() else "held"
@@ -147,6 +154,9 @@ class Lease:
     def _key(self) -> dict[str, Any]:
         return {"pk": self.resource.pk, "holder": self.holder, "fence": self.fence}
 
+    def _ops(self) -> Operations:
+        return ops(self.using)
+
     def renew(self, ttl: float | None = None) -> dt.datetime:
         """Extend the lease by ``ttl`` (default: its own) from now, by the database's clock.
 
@@ -155,8 +165,7 @@ class Lease:
         ttl = self.ttl if ttl is None else check_seconds(ttl, "ttl")
         self.check()
         sent_at = time.monotonic()
-        key = self._key()
-        expiry = run_repeatable(self.using, lambda d, c: d.renew(c, ttl=ttl, **key), what=f"renewing {self.resource}")
+        expiry = self._ops().renew(ttl=ttl, **self._key())
         if expiry is None:
             self._mark_lost("the database refused the renewal: the lease expired or another holder took it")
             raise LeaseLost(f"{self!r}: {self.lost_reason}")
@@ -170,8 +179,7 @@ class Lease:
         """Whether the database still has this lease as ours and unexpired."""
         if self._released or os.getpid() != self._pid:
             return False
-        key = self._key()
-        return run_repeatable(self.using, lambda d, c: d.is_held(c, **key), what=f"checking {self.resource}")
+        return self._ops().is_held(**self._key())
 
     def release(self) -> bool:
         """Give the resource back. True if it was ours and is free now; False if it had
@@ -183,19 +191,37 @@ class Lease:
                 return False
             self._released = True
         renewal.renewer().discard(self)  # no more background renewals
-        key = self._key()
-        what = f"releasing {self.resource}"
-        try:
-            released = run(self.using, lambda d, c: d.release(c, **key), what=what)
-        except Disconnected:
-            # The answer was lost, the release may have committed (a connection lost during
-            # COMMIT leaves the outcome unknown): run it again, and if that finds nothing to
-            # release, read back whether the first one did.
-            released = run_repeatable(
-                self.using, lambda d, c: d.release(c, **key) or d.was_released(c, **key), what=what
-            )
+        # An answer lost with the connection is settled by the operation (run again, else
+        # read back whether the first one released it: docs/pitfalls.md#unknown-outcome).
+        released = self._ops().release(**self._key())
+        if released:
+            # Waiters of this process need not wait for their next look (on PostgreSQL the
+            # release's NOTIFY wakes the other processes' waiters too).
+            wake_row(self.using, self.kind, self.resource.name)
         signals.lease_released.send(sender=Resource, lease=self, released=released)
         return released
+
+    def quarantine(self, reason: str, seconds: float | None = None) -> bool:
+        """Take the leased resource out of service for ``seconds`` (default:
+        ``QUARANTINE_SECONDS``) with a ``reason``, and give it back: the holder found it
+        broken (a proxy answering 403s). Nobody is granted it until the quarantine ends; the
+        audit trail records this holder as who did it. True if the resource was quarantined.
+
+        Refused inside an open transaction on the lease's database: the quarantine must not
+        wait for (nor be undone with) the caller's transaction.
+        """
+        seconds = check_seconds(float(lease_settings.QUARANTINE_SECONDS) if seconds is None else seconds, "seconds")
+        if transaction.get_connection(self.using).in_atomic_block:
+            raise LeaseError(
+                f"lease.quarantine() inside an open transaction on {self.using!r}: call it after the transaction"
+            )
+        # Quarantined first, while still ours: released first, another worker could be
+        # granted it in between (the quarantine would then wait for that holder's release).
+        with acting_as(self.holder):
+            count = pool.quarantine([self.resource.pk], reason=reason, seconds=seconds, using=self.using)
+        self.release()
+        logger.warning("%r quarantined for %gs by its holder: %s", self, seconds, reason)
+        return count == 1
 
     @contextmanager
     def fenced(self, using: str | None = None) -> Iterator[None]:
@@ -247,15 +273,14 @@ class Lease:
         logger.warning("lease lost: %r: %s", self, reason)
         signals.lease_lost.send(sender=Resource, lease=self, reason=reason)
         if self.on_lost is not None:
-            try:
-                self.on_lost(self)
-            except Exception:
-                logger.exception("on_lost callback of %r raised", self)
+            # Off the keeper's thread when the keeper noticed (a slow on_lost must not stall
+            # every renewal of the process); at once in a thread of the user's (check()).
+            dispatch(self.callback_owner or self, self.on_lost, self)
 
     _mark_lost = mark_lost  # the name this module's own callers use
 
     def renew_in_background(self) -> float | None:
-        """One renewal by the renewal thread (``renewal.Renewer``), under the one failure
+        """One renewal by the keeper (``renewal.Renewer``), under the one failure
         policy (``renewal.renew_once``); seconds until the next, or None to stop."""
         interval = self.ttl * float(lease_settings.RENEW_FRACTION)
         if self._fenced and time.monotonic() < self._deadline:
@@ -266,6 +291,37 @@ class Lease:
             return min(interval, 0.05)
         step = renewal.renew_once(self, interval=interval)
         return interval if step.renewed else step.retry_in
+
+    # -- from async code ---------------------------------------------------------------
+    # Each runs the statement in a worker thread (``aio.in_thread``), never on the event loop.
+
+    async def arenew(self, ttl: float | None = None) -> dt.datetime:
+        """``renew()`` for async code."""
+        from resource_lease.aio import in_thread
+
+        return await in_thread(self.renew, ttl)
+
+    async def arelease(self) -> bool:
+        """``release()`` for async code."""
+        from resource_lease.aio import in_thread
+
+        return await in_thread(self.release)
+
+    async def ais_held(self) -> bool:
+        """``is_held()`` for async code."""
+        from resource_lease.aio import in_thread
+
+        return await in_thread(self.is_held)
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        from resource_lease.aio import in_thread
+
+        await in_thread(self.__exit__, exc_type, exc, tb)
 
     # -- context manager -------------------------------------------------------------
 
@@ -293,39 +349,100 @@ def acquire(
     using: str | None = None,
     auto_renew: bool = False,
     on_lost: OnLost | None = None,
+    where: dict[str, Any] | None = None,
+    priority: int = 0,
+    lock_delay: float = 0.0,
 ) -> Lease:
     """Lease any free, healthy resource of ``kind`` for ``ttl`` seconds.
 
-    ``timeout``: 0 makes one attempt, > 0 keeps trying (backoff with jitter) up to that many
-    seconds, None waits until one is free. Raises ``NoResourceAvailable`` when none could be
+    ``timeout``: 0 makes one attempt, > 0 waits in line up to that many seconds, None waits
+    until one is free (``resource_lease.line``: first come, first served, higher ``priority``
+    first, woken at release). ``where``: keys and values the resource's ``data`` must have
+    (``{"region": "eu"}``; compared exactly). ``lock_delay``: seconds (default 0) for which
+    the resource is granted to nobody if this lease expires without being released (a
+    release frees it at once), by the database's clock. Raises ``NoResourceAvailable`` when none could be
     had (at once if the kind has no resources at all) and ``ValueError`` for bad arguments.
     The grant is committed on the engine's own connection, so it is independent of any
     transaction the caller has open.
     """
+    return acquiring(
+        kind,
+        ttl=ttl,
+        timeout=timeout,
+        holder=holder,
+        using=using,
+        auto_renew=auto_renew,
+        on_lost=on_lost,
+        where=where,
+        priority=priority,
+        lock_delay=lock_delay,
+    ).run()
+
+
+def acquiring(
+    kind: str,
+    *,
+    ttl: float | None = None,
+    timeout: float | None = 0,
+    holder: str | None = None,
+    using: str | None = None,
+    auto_renew: bool = False,
+    on_lost: OnLost | None = None,
+    where: dict[str, Any] | None = None,
+    priority: int = 0,
+    lock_delay: float = 0.0,
+) -> line.Wait[Lease]:
+    """``acquire()``'s arguments, checked (``ValueError``, nothing written), as the wait that
+    ``acquire()`` runs and ``aio.aacquire`` awaits."""
     kind = check_kind(kind)
-    ttl = check_seconds(lease_settings.TTL if ttl is None else ttl, "ttl")
+    options = Options.of(ttl=ttl, using=using, holder=holder, default_holder=default_holder)
+    ttl, alias, holder = options.ttl, options.using, options.holder
     wait = check_timeout(timeout)
-    holder = check_holder(holder) or default_holder()
-    alias = check_alias(lease_settings.DATABASE if using is None else using)
     check_bool(auto_renew, "auto_renew")
     check_callable(on_lost, "on_lost")
-    refuse_inside_single_writer_transaction(alias, "acquire()")
+    wanted = check_where(where)
+    priority = check_priority(priority)
+    delay = check_seconds(lock_delay, "lock_delay", allow_zero=True)
+    options.refuse_in_transaction("acquire()")
+    where_sql = None if wanted is None else ops(alias).dialect.encode_where(wanted)
 
     exists_checked = False
 
-    def attempt() -> Lease | None:
+    def attempt(turn: Turn) -> Lease | None:
         nonlocal exists_checked
-        lease = attempt_grant(kind, ttl=ttl, holder=holder, alias=alias, on_lost=on_lost)
+        lease = attempt_grant(
+            kind,
+            ttl=ttl,
+            holder=holder,
+            alias=alias,
+            on_lost=on_lost,
+            turn=turn.with_delay(delay),
+            where=wanted,
+            where_sql=where_sql,
+        )
         if lease is None and not exists_checked:
             require_kind(alias, kind)
             exists_checked = True
         return lease
 
-    lease = wait_for(attempt, timeout=wait)
-    if lease is None:
-        raise NoResourceAvailable(f"no resource of kind {kind!r} was free within {wait:g}s", kind=kind, exists=True)
+    def conclude(lease: Lease | None) -> Lease:
+        if lease is None:
+            matching = "" if wanted is None else f" matching {wanted!r}"
+            raise NoResourceAvailable(
+                f"no resource of kind {kind!r}{matching} was free within {wait:g}s", kind=kind, exists=True
+            )
+        return granted(lease, auto_renew=auto_renew)
 
-    return granted(lease, auto_renew=auto_renew)
+    return line.Wait(
+        line.Line(alias, kind),
+        attempt,
+        conclude,
+        timeout=wait,
+        holder=holder,
+        ttl=ttl,
+        priority=priority,
+        where=where_sql,
+    )
 
 
 def granted(lease: Lease, *, auto_renew: bool) -> Lease:
@@ -336,19 +453,6 @@ def granted(lease: Lease, *, auto_renew: bool) -> Lease:
     return lease
 
 
-def refuse_inside_single_writer_transaction(alias: str, what: str) -> None:
-    """On a single-writer database (SQLite), a grant from inside the caller's open write
-    transaction would wait for that transaction's own lock: refuse it clearly instead."""
-    if lease_connection(alias).dialect.single_writer and transaction.get_connection(alias).in_atomic_block:
-        raise LeaseError(
-            f"{what} inside an open transaction on {alias!r}: this database has a single writer, so the "
-            "grant would wait for your own transaction's lock. Call it before entering atomic()."
-        )
-
-
-GrantStatement = Callable[[Any, Any, str], "Row | None"]
-
-
 def attempt_grant(
     kind: str,
     *,
@@ -356,19 +460,26 @@ def attempt_grant(
     holder: str,
     alias: str,
     on_lost: OnLost | None = None,
-    statement: GrantStatement | None = None,
+    statement: Grant | None = None,
+    turn: Turn = NEWCOMER,
+    where: dict[str, Any] | None = None,
+    where_sql: str | None = None,
+    lease_class: type[Lease] | None = None,
 ) -> Lease | None:
     """One attempt at a grant; the Lease, or None if nothing could be granted this time.
 
-    ``statement(dialect, cursor, token)`` runs the granting statement (default: the engine's
-    acquire of any free resource of ``kind``; the holder's lock step passes its own).
-    Package-internal: use ``acquire()``.
+    ``statement`` is a granting operation of ``db.operations`` (default: ``grant_any``, the
+    engine's acquire of any free resource of ``kind`` that is the caller's ``turn`` in line and
+    matches its ``where``; the holder's lock step passes ``grant_by_id``, a named row
+    ``grant_by_name``; an rwlock's read grant ``grant_read`` with ``lease_class`` its
+    ``ReadLease``). Package-internal: use ``acquire()``.
     """
+    engine = ops(alias)
     if statement is None:
-        statement = _acquire_any(alias, kind, holder, ttl)
+        statement = engine.grant_any(kind, holder=holder, ttl=ttl, turn=turn, where=where, where_sql=where_sql)
     for tries_left in (1, 0):
         sent_at = time.monotonic()
-        row, settled = _grant(alias, kind=kind, statement=statement)
+        row, settled = engine.grant(kind, statement)
         if row is None and settled and tries_left:
             # Settled: nothing was granted. Most often the statement never reached the server
             # (a session it had dropped: idle timeout, restart); run it once more on the new
@@ -377,31 +488,5 @@ def attempt_grant(
         break
     if row is None:
         return None
-    resource = lease_connection(alias).dialect.to_resource(row)
-    return Lease(resource, holder=holder, ttl=ttl, using=alias, sent_at=sent_at, on_lost=on_lost)
-
-
-def _acquire_any(alias: str, kind: str, holder: str, ttl: float) -> GrantStatement:
-    picker = lease_connection(alias).picker
-    return lambda d, c, token: picker.grant_any(d, c, kind=kind, holder=holder, token=token, ttl=ttl)
-
-
-def _grant(alias: str, *, kind: str, statement: GrantStatement) -> tuple[Row | None, bool]:
-    """Run a granting statement once under a fresh token: (the granted row or None, whether
-    its outcome was unknown and had to be settled by reading back)."""
-    token = secrets.token_hex(16)
-    try:
-        row = run(alias, lambda d, c: statement(d, c, token), what=f"granting a resource of kind {kind!r}")
-    except LockWaitTimeout as exc:
-        # Rolled back after the bounded lock wait: nothing granted this attempt, and the
-        # caller's own timeout (not the engine's retries) decides whether to try again.
-        logger.info("acquire of %r waited out the lock wait timeout: %s", kind, exc)
-        return None, False
-    except Disconnected as exc:
-        # The connection died with the outcome unknown (it may have died during COMMIT):
-        # settle it by reading back the grant by its token, never by blindly running the
-        # statement again.
-        logger.warning("connection lost while granting %r; settling by reading back: %s", kind, exc)
-        row = run_repeatable(alias, lambda d, c: d.find_grant(c, kind=kind, token=token), what="settling a grant")
-        return row, True
-    return row, False
+    resource = engine.dialect.to_resource(row)
+    return (lease_class or Lease)(resource, holder=holder, ttl=ttl, using=alias, sent_at=sent_at, on_lost=on_lost)

@@ -9,20 +9,31 @@ using a new name at once create one row, and neither sees an IntegrityError), an
 on it is granted, renewed, released and fenced by exactly the statements that lease a
 resource: one conditional UPDATE decides, judged by the database's clock, and the fence goes
 up by one on every grant.
+
+``KeptRow`` is such a row held for as long as a recipe wants it: renewed by the keeper and
+taken again after every loss, with the recipe told (``on_gained``, ``on_lost``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
+import logging
 import threading
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from resource_lease.db.connections import lease_connection, run_repeatable
-from resource_lease.lease import Lease, OnLost, attempt_grant
+from resource_lease.db import json_text
+from resource_lease.db.line import NEWCOMER, Turn
+from resource_lease.db.operations import ops
+from resource_lease.exceptions import LeaseError, LeaseLost
+from resource_lease.keeper import keeper
+from resource_lease.lease import Lease, OnLost, attempt_grant, granted
 from resource_lease.models import COORDINATION_PREFIX, Resource
+from resource_lease.waiting import Backoff
+
+logger = logging.getLogger("resource_lease")
 
 
 def row_kind(family: str, name: str | None = None) -> str:
@@ -43,12 +54,7 @@ def ensure(alias: str, kind: str, names: Iterable[str], *, data: dict[str, Any] 
         missing = sorted({n for n in names if (alias, kind, n) not in _known})
     if not missing:
         return
-    payload = json.dumps(data or {})
-    run_repeatable(
-        alias,
-        lambda d, c: d.insert_missing(c, kind=kind, names=missing, data=payload),
-        what=f"creating {kind} rows",
-    )
+    ops(alias).insert_missing(kind, missing, data=json_text.dumps(data or {}))
     with _known_lock:
         _known.update((alias, kind, n) for n in missing)
 
@@ -60,18 +66,24 @@ def forget(alias: str, kind: str, name: str) -> None:
 
 
 def try_grant(
-    alias: str, kind: str, name: str, *, holder: str, ttl: float, on_lost: OnLost | None = None
+    alias: str,
+    kind: str,
+    name: str,
+    *,
+    holder: str,
+    ttl: float,
+    on_lost: OnLost | None = None,
+    turn: Turn = NEWCOMER,
 ) -> Lease | None:
     """One attempt at granting the row ``(kind, name)``, created first if need be; the
-    Lease, or None if the row is held by someone else (or disabled).
+    Lease, or None if the row is held by someone else (or disabled, or a waiter in the row's
+    line is ahead of ``turn``: ``resource_lease.line``).
 
     A miss on a row that no longer exists (an operator deleted it, a test flushed the
     table) is not taken for "held": the row is made again and granted at once.
     """
 
-    def statement(d: Any, c: Any, token: str) -> Any:
-        return d.grant_named(c, kind=kind, name=name, holder=holder, token=token, ttl=ttl)
-
+    statement = ops(alias).grant_by_name(kind, name, holder=holder, ttl=ttl, turn=turn)
     ensure(alias, kind, [name])
     lease = attempt_grant(kind, ttl=ttl, holder=holder, alias=alias, on_lost=on_lost, statement=statement)
     if lease is None and name not in read(alias, kind, [name]).rows:
@@ -92,6 +104,14 @@ class Snapshot:
         """Granted and not given back, and unexpired at ``now`` (the database's clock)."""
         return bool(row.grant_token) and row.busy_before > self.now
 
+    def delayed_until(self, row: Resource) -> dt.datetime | None:
+        """When the lock delay of ``row`` ends, while it runs at ``now``: its grant expired
+        without being given back less than its ``lock_delay`` ago; None otherwise."""
+        if not row.grant_token or not row.lock_delay or row.busy_before > self.now:
+            return None
+        until = row.busy_before + dt.timedelta(seconds=row.lock_delay)
+        return until if until > self.now else None
+
     def live(self, name: str) -> Resource | None:
         row = self.rows.get(name)
         return row if row is not None and self.is_live(row) else None
@@ -105,23 +125,172 @@ def read(alias: str, kind: str, names: Sequence[str] | None = None) -> Snapshot:
     """The rows of ``kind`` (only ``names`` if given) and the database's clock, on the
     engine's own connection (never a snapshot of the caller's open transaction: see
     docs/pitfalls.md#snapshot-reads)."""
-    rows, now = run_repeatable(alias, lambda d, c: d.read_named(c, kind=kind, names=names), what=f"reading {kind}")
-    dialect = lease_connection(alias).dialect
-    resources = [dialect.to_resource(row) for row in rows]
-    return Snapshot(rows={r.name: r for r in resources}, now=dialect.to_datetime(now))
+    resources, now = ops(alias).read_named(kind, names)
+    assert now is not None  # a read of no names is never asked for
+    return Snapshot(rows={r.name: r for r in resources}, now=now)
 
 
 def write_data(lease: Lease, data: dict[str, Any]) -> bool:
     """Store ``data`` in the leased row's payload if the lease is still ours and live (a
     fenced write: holder, fence and expiry checked by the database in the same statement).
     True if written; False if the lease was lost (nothing written)."""
-    payload = json.dumps(data)
-    pk, holder, fence = lease.resource.pk, lease.holder, lease.fence
-    written = run_repeatable(
-        lease.using,
-        lambda d, c: d.write_data(c, pk=pk, holder=holder, fence=fence, data=payload),
-        what=f"writing {lease.resource}'s data",
+    written = ops(lease.using).write_data(
+        pk=lease.resource.pk, holder=lease.holder, fence=lease.fence, data=json_text.dumps(data)
     )
     if written:
         lease.resource.data = data
     return bool(written)
+
+
+class KeptRow:
+    """The row ``(kind, name)`` held for ``holder``, renewed by the keeper, and taken again
+    whenever it is lost, until ``stop()``: what an election's candidate, a group's member and
+    a barrier's member stand on. A recipe says what to do when the row is gained and lost:
+
+    - ``on_gained(lease)`` runs after each grant, before anyone is told; returning False
+      gives the grant back (a group's fenced write of its data failed: the grant was lost
+      at once) and the next attempt comes as usual;
+    - ``on_lost(lease, reason)`` runs once per lost grant, ordered with the owner's other
+      callbacks, off the keeper's thread (``keeper.dispatch``).
+
+    With ``warn_when_taken``, a row found held by another holder after a loss is said once.
+    ``take()`` is one attempt, in the caller's thread; ``keep()`` hands the row to the keeper,
+    which then tries again after every loss (first waiting ``pause_after_loss`` seconds, so
+    that others get their turn), with backoff while the row is held by someone else.
+    ``give_back()`` releases the current grant but keeps trying; ``stop()`` ends it all.
+    """
+
+    def __init__(
+        self,
+        using: str,
+        kind: str,
+        name: str,
+        *,
+        holder: str,
+        ttl: float,
+        owner: object,
+        on_gained: Callable[[Lease], bool] | None = None,
+        on_lost: Callable[[Lease, str], None] | None = None,
+        pause_after_loss: float = 0.0,
+        warn_when_taken: bool = False,
+        what: str = "",
+    ) -> None:
+        self.using, self.kind, self.name, self.holder, self.ttl = using, kind, name, holder, ttl
+        self.owner = owner
+        self.what = what or f"{kind} {name!r}"
+        self._on_gained = on_gained
+        self._on_lost = on_lost
+        self._pause = pause_after_loss
+        self._lock = threading.RLock()
+        self._lease: Lease | None = None
+        self._kept = False
+        self._backoff = Backoff()
+        self._failing = False
+        self._resume_at = 0.0  # after a loss, no new attempt before this (monotonic)
+        # Say once per loss when another holder has the row (a group member's name taken).
+        self._warn_when_taken = warn_when_taken
+        self._warned = False
+
+    def __repr__(self) -> str:
+        return f"<KeptRow {self.what} holder={self.holder!r}{' held' if self.lease else ''}>"
+
+    @property
+    def lease(self) -> Lease | None:
+        """The grant as far as this process knows (not released, not known lost), or None."""
+        lease = self._lease
+        return None if lease is None or lease.released or lease.lost else lease
+
+    def take(self, *, auto_renew: bool = True, turn: Turn = NEWCOMER) -> Lease | None:
+        """One attempt at the row (no-op while a grant is held), with the caller's ``turn`` in
+        the row's line (``resource_lease.line``); the grant, renewed by the keeper unless
+        ``auto_renew=False``, or None if someone else holds it (or waits ahead)."""
+        current = self.lease
+        if current is not None:
+            return current
+        lease = try_grant(
+            self.using, self.kind, self.name, holder=self.holder, ttl=self.ttl, on_lost=self._lost, turn=turn
+        )
+        if lease is None:
+            return None
+        lease.callback_owner = self.owner
+        if self._on_gained is not None and not self._on_gained(lease):
+            lease.release()
+            return None
+        with self._lock:
+            self._lease = lease
+        return granted(lease, auto_renew=auto_renew)
+
+    def keep(self) -> None:
+        """From now on, take the row again after every loss (in the keeper's thread)."""
+        with self._lock:
+            self._kept = True
+            self._backoff = Backoff()
+        keeper().schedule(self, 0.0, step="keep_step")
+
+    def give_back(self) -> tuple[Lease | None, bool]:
+        """Release the current grant (a kept row is taken again after ``pause_after_loss``):
+        the lease (None if there was none), and whether the release found it ours."""
+        with self._lock:
+            lease, self._lease = self._lease, None
+            self._resume_at = time.monotonic() + self._pause
+        return lease, lease is not None and lease.release()
+
+    def stop(self) -> tuple[Lease | None, bool]:
+        """Stop keeping the row and release it (as ``give_back``)."""
+        with self._lock:
+            self._kept = False
+        keeper().cancel(self)
+        return self.give_back()
+
+    def _lost(self, lease: Lease) -> None:
+        # The lease's on_lost (dispatched: off the keeper's thread when the keeper noticed).
+        with self._lock:
+            if self._lease is lease:
+                self._lease = None
+                self._resume_at = time.monotonic() + self._pause
+        if self._on_lost is not None:
+            self._on_lost(lease, lease.lost_reason)
+        keeper().wake(self)
+
+    def keep_step(self) -> float | None:
+        """The keeper's step: trust checks while held, attempts while not."""
+        with self._lock:
+            if not self._kept:
+                return None
+            lease = self._lease
+        if lease is not None and not lease.released:
+            try:
+                lease.check()  # past the local deadline (a pause): lost now, loudly
+            except LeaseLost:
+                return self._pause
+            return min(1.0, self.ttl / 4)
+        wait = self._resume_at - time.monotonic()
+        if wait > 0:
+            return wait
+        try:
+            lease = self.take()
+        except LeaseError as exc:
+            if not self._failing:
+                logger.warning("%s: taking the row again failed, retrying: %s", self.what, exc)
+            self._failing = True
+            return self._backoff.next()
+        self._failing = False
+        with self._lock:
+            if not self._kept and lease is not None:  # stopped while we were taking it
+                self._lease = None
+                stale = lease
+            else:
+                stale = None
+        if stale is not None:
+            stale.release()
+            return None
+        if lease is None:
+            if self._warn_when_taken and not self._warned:
+                row = read(self.using, self.kind, [self.name]).live(self.name)
+                if row is not None and row.holder != self.holder:
+                    logger.warning("%s is held by %s; waiting to take it again", self.what, row.holder)
+                    self._warned = True
+            return self._backoff.next()
+        self._backoff = Backoff()
+        self._warned = False
+        return min(1.0, self.ttl / 4)

@@ -31,7 +31,9 @@ from django.dispatch import Signal
 from resource_lease import signals
 from resource_lease.conf import lease_settings
 from resource_lease.db import DbNow, read_clock
+from resource_lease.db.connections import database_errors
 from resource_lease.models import (
+    COORDINATION_PREFIX,
     DISABLED,
     EXPIRED,
     FREE,
@@ -39,11 +41,12 @@ from resource_lease.models import (
     QUARANTINED,
     STATES,
     Resource,
+    Waiter,
     live_q,
     quarantined_q,
     state_annotations,
 )
-from resource_lease.validation import check_alias, check_aware, check_reason, check_seconds
+from resource_lease.validation import check_alias, check_aware, check_kind, check_reason, check_seconds
 
 __all__ = [
     "DISABLED",
@@ -59,6 +62,7 @@ __all__ = [
     "releasable",
     "restorable",
     "restore",
+    "waiting",
     "with_state",
 ]
 
@@ -107,18 +111,41 @@ def with_state(queryset: QuerySet[Resource]) -> QuerySet[Resource]:
     return queryset.annotate(**state_annotations())
 
 
-def counts(queryset: QuerySet[Resource] | None = None) -> dict[str, dict[str, int]]:
+def counts(queryset: QuerySet[Resource] | None = None, *, using: str | None = None) -> dict[str, dict[str, int]]:
     """``{kind: {state: n, ..., "total": n}}`` for every kind in ``queryset`` (default: every
-    pool, without the coordination rows of locks, elections and groups)."""
+    pool, without the coordination rows of locks, elections and groups), on ``using``
+    (default: the queryset's database, else the lease database)."""
     if queryset is None:
-        queryset = Resource.objects.pools()
-    _check_queryset(queryset, "queryset")
+        queryset = Resource.objects.using(lease_settings.DATABASE if using is None else check_alias(using)).pools()
+    else:
+        _check_queryset(queryset, "queryset")
+        if using is not None:
+            queryset = queryset.using(check_alias(using))
     result: dict[str, dict[str, int]] = {}
-    for row in with_state(queryset).order_by().values("kind", "state").annotate(n=Count("pk")):  # type: ignore[misc]
-        per_kind = result.setdefault(row["kind"], {state: 0 for state in STATES} | {"total": 0})
-        per_kind[row["state"]] += row["n"]
-        per_kind["total"] += row["n"]
+    rows = with_state(queryset).order_by().values("kind", "state").annotate(n=Count("pk"))  # type: ignore[misc]
+    with database_errors(queryset.db, "counting the pool's resources"):
+        for row in rows:
+            per_kind = result.setdefault(row["kind"], {state: 0 for state in STATES} | {"total": 0})
+            per_kind[row["state"]] += row["n"]
+            per_kind["total"] += row["n"]
     return dict(sorted(result.items()))
+
+
+def waiting(kind: str | None = None, *, using: str | None = None) -> dict[str, list[Waiter]]:
+    """``{kind: [Waiter, ...]}``: who waits in the line of each pool (or of ``kind``), in the
+    order they will be served, each with ``place`` (1 is next) and ``waited`` (a timedelta,
+    by the database's clock). Lines of coordination rows (locks, elections) are not pools and
+    are left out."""
+    alias = check_alias(str(lease_settings.DATABASE) if using is None else using)
+    places = Waiter.objects.using(alias).live().filter(name="").exclude(kind__startswith=COORDINATION_PREFIX)
+    if kind is not None:
+        places = places.filter(kind=check_kind(kind))
+    lines: dict[str, list[Waiter]] = {}
+    for waiter in places.with_waited().in_order():
+        line = lines.setdefault(waiter.kind, [])
+        waiter.place = len(line) + 1  # type: ignore[attr-defined]
+        line.append(waiter)
+    return lines
 
 
 def quarantine(
@@ -149,15 +176,16 @@ def quarantine(
     # Not leased now (never leased, given back or expired), whatever its quarantine.
     free = Q(busy_before__lte=DbNow())
     queryset = _queryset(resources, using)
-    matched = _matched(signals.resources_quarantined, queryset)
-    # MySQL assigns left to right with updated values: decide on grant_token before
-    # busy_before moves (see docs/pitfalls.md#set-order).
-    count = queryset.update(
-        grant_token=Case(When(free, then=Value("")), default=F("grant_token")),
-        busy_before=Case(When(free, then=end), default=F("busy_before")),
-        quarantined_until=end,
-        quarantine_reason=reason,
-    )
+    with database_errors(queryset.db, "quarantining resources"):
+        matched = _matched(signals.resources_quarantined, queryset)
+        # MySQL assigns left to right with updated values: decide on grant_token before
+        # busy_before moves (see docs/pitfalls.md#set-order).
+        count = queryset.update(
+            grant_token=Case(When(free, then=Value("")), default=F("grant_token")),
+            busy_before=Case(When(free, then=end), default=F("busy_before")),
+            quarantined_until=end,
+            quarantine_reason=reason,
+        )
     signals.resources_quarantined.send(
         sender=Resource, resources=matched, count=count, reason=reason, seconds=seconds, until=until, using=queryset.db
     )
@@ -179,13 +207,14 @@ def restore(resources: ResourceSet, *, using: str | None = None) -> int:
     """End the quarantine of resources now. Returns how many were quarantined."""
     now = DbNow()
     queryset = restorable(_queryset(resources, using))
-    matched = _matched(signals.resources_restored, queryset)
-    count = queryset.update(
-        quarantined_until=None,
-        quarantine_reason="",
-        # Only a quarantine pushed busy_before of a row with no live grant; undo just that.
-        busy_before=Case(When(Q(grant_token="") & Q(busy_before__gt=now), then=now), default=F("busy_before")),
-    )
+    with database_errors(queryset.db, "restoring resources"):
+        matched = _matched(signals.resources_restored, queryset)
+        count = queryset.update(
+            quarantined_until=None,
+            quarantine_reason="",
+            # Only a quarantine pushed busy_before of a row with no live grant; undo just that.
+            busy_before=Case(When(Q(grant_token="") & Q(busy_before__gt=now), then=now), default=F("busy_before")),
+        )
     signals.resources_restored.send(sender=Resource, resources=matched, count=count, using=queryset.db)
     return count
 
@@ -197,16 +226,19 @@ def force_release(resources: ResourceSet, *, using: str | None = None) -> int:
     """
     now = DbNow()
     queryset = releasable(_queryset(resources, using))
-    matched = _matched(signals.resources_force_released, queryset)
-    count = queryset.update(
-        busy_before=Case(When(quarantined_q(), then=F("quarantined_until")), default=now),
-        released_at=now,
-        grant_token="",
-    )
+    with database_errors(queryset.db, "force-releasing resources"):
+        matched = _matched(signals.resources_force_released, queryset)
+        count = queryset.update(
+            busy_before=Case(When(quarantined_q(), then=F("quarantined_until")), default=now),
+            released_at=now,
+            grant_token="",
+        )
     signals.resources_force_released.send(sender=Resource, resources=matched, count=count, using=queryset.db)
     return count
 
 
 def database_now(using: str = "default") -> dt.datetime:
     """The database's current time (UTC), read on the caller's own Django connection."""
-    return read_clock(connections[check_alias(using)])
+    alias = check_alias(using)
+    with database_errors(alias, "reading the database's clock"):
+        return read_clock(connections[alias])

@@ -17,33 +17,27 @@ failure policy:
 What ``renew_once`` needs of the renewable is the ``Renewable`` protocol below; it knows
 nothing else about it (this module imports no lease).
 
-``Renewer`` is the background renewal of ``auto_renew`` leases: one daemon thread per
-process. One thread (and one database connection) serves every renewable added to it,
-woken by a timer heap, instead of a thread per lease. It holds them weakly, so a lease that
-is garbage-collected stops being renewed and simply expires; it exits (closing its
-connection) a second after it has nothing left to renew, and a forked child starts with none.
+``Renewer`` (``renewer()``) is the background renewal of ``auto_renew`` leases and anything
+else renewable (a worker's claims, a place in line): jobs of the process's one keeper
+(``resource_lease.keeper``), whose thread and connection serve every renewable instead of a
+thread per lease. It holds them weakly, so a lease that is garbage-collected stops being
+renewed and simply expires; a forked child starts with a keeper of its own.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
-import os
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Protocol
 
 from resource_lease.conf import lease_settings
-from resource_lease.db.connections import Disconnected, close_connections
+from resource_lease.db.connections import Disconnected
 from resource_lease.exceptions import LeaseDatabaseError, LeaseLost
+from resource_lease.keeper import keeper
 
 logger = logging.getLogger("resource_lease")
-
-#: Seconds the renewal thread waits with nothing to renew before it exits.
-IDLE_EXIT = 1.0
 
 
 class Renewable(Protocol):
@@ -125,119 +119,36 @@ def renew_once(target: Renewable, *, interval: float, prefix: str = "") -> Step:
 
 
 class Renewer:
-    """The process's renewal thread: renews what was ``add``ed until it is ``discard``ed (a
-    lease does so when it is released or lost) or garbage-collected."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._heap: list[tuple[float, int, weakref.ref[BackgroundRenewable]]] = []
-        self._seq = itertools.count()
-        self._thread: threading.Thread | None = None
-        # What is to be renewed; discard() takes it out, and its heap entry is dropped when due.
-        self._renewing: weakref.WeakSet[BackgroundRenewable] = weakref.WeakSet()
-        # What has an entry in the heap: one entry each, however often its renewal is
-        # switched off and on again (leader_only renews only while its body runs).
-        self._queued: weakref.WeakSet[BackgroundRenewable] = weakref.WeakSet()
+    """The background renewal of what was ``add``ed, until it is ``discard``ed (a lease does so
+    when it is released or lost) or garbage-collected: jobs of the process's keeper
+    (``resource_lease.keeper``), each renewed every ttl x ``RENEW_FRACTION``, one step
+    (``renew_in_background``) at a time."""
 
     def add(self, renewable: BackgroundRenewable) -> None:
-        """Renew ``renewable`` every ttl x ``RENEW_FRACTION`` from now on (until ``discard``)."""
-        due = time.monotonic() + renewable.ttl * float(lease_settings.RENEW_FRACTION)
-        with self._cond:
-            self._renewing.add(renewable)
-            if renewable not in self._queued:
-                heapq.heappush(self._heap, (due, next(self._seq), weakref.ref(renewable)))
-                self._queued.add(renewable)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="resource-lease-renewer", daemon=True)
-                self._thread.start()
-            self._cond.notify()
+        """Renew ``renewable`` every ttl x ``RENEW_FRACTION`` from now on (until ``discard``);
+        a renewable renewed already keeps its schedule."""
+        current = keeper()
+        if not current.scheduled(renewable):
+            first = renewable.ttl * float(lease_settings.RENEW_FRACTION)
+            current.schedule(renewable, first, step="renew_in_background")
 
     def discard(self, renewable: BackgroundRenewable) -> None:
-        """Stop renewing ``renewable`` (no-op if it was not renewed); the thread exits a second
-        after it has nothing left to renew."""
-        with self._cond:
-            if renewable in self._renewing:
-                self._renewing.discard(renewable)
-                self._cond.notify()
+        """Stop renewing ``renewable`` (no-op if it was not renewed)."""
+        keeper().cancel(renewable)
 
     def renewing(self, renewable: BackgroundRenewable) -> bool:
         """Whether ``renewable`` is renewed in the background now."""
-        with self._cond:
-            return renewable in self._renewing
+        return keeper().scheduled(renewable)
 
     @property
     def thread(self) -> threading.Thread | None:
-        return self._thread
-
-    def _next_due(self) -> BackgroundRenewable | None:
-        """Wait for the next renewable that is due; None when there is nothing left to renew."""
-        idle_since: float | None = None
-        with self._cond:
-            while True:
-                while self._heap:
-                    renewable = self._heap[0][2]()
-                    if renewable is not None and renewable in self._renewing:
-                        break
-                    heapq.heappop(self._heap)  # discarded (released, lost) or garbage-collected
-                    if renewable is not None:
-                        self._queued.discard(renewable)
-                if not self._heap:
-                    # Linger briefly before exiting: back-to-back leases (a Celery worker's
-                    # tasks) then reuse the thread and its connection instead of paying
-                    # for a new thread and a new connection each time.
-                    if idle_since is None:
-                        idle_since = time.monotonic()
-                    idle_left = IDLE_EXIT - (time.monotonic() - idle_since)
-                    if idle_left > 0:
-                        self._cond.wait(idle_left)
-                        continue
-                    self._thread = None
-                    return None
-                idle_since = None
-                delay = self._heap[0][0] - time.monotonic()
-                if delay <= 0:
-                    heapq.heappop(self._heap)
-                    assert renewable is not None  # the loop above stops only at a live one
-                    self._queued.discard(renewable)
-                    return renewable
-                del renewable
-                self._cond.wait(delay)
-
-    def _run(self) -> None:
-        try:
-            while (renewable := self._next_due()) is not None:
-                next_in = renewable.renew_in_background() if self.renewing(renewable) else None
-                if next_in is not None:
-                    with self._cond:
-                        # Still to be renewed, and not queued by add() meanwhile.
-                        if renewable in self._renewing and renewable not in self._queued:
-                            heapq.heappush(
-                                self._heap,
-                                (time.monotonic() + next_in, next(self._seq), weakref.ref(renewable)),
-                            )
-                            self._queued.add(renewable)
-                del renewable
-        except Exception:
-            logger.exception("the lease renewal thread failed")
-            with self._cond:
-                self._thread = None
-            raise
-        finally:
-            close_connections()
+        """The keeper's thread while it runs (None once it has nothing left to keep)."""
+        return keeper().thread
 
 
 _renewer = Renewer()
 
 
 def renewer() -> Renewer:
+    """The background renewal (a thin face of the process's keeper)."""
     return _renewer
-
-
-def _after_fork_in_child() -> None:
-    # Threads do not survive fork(): the child renews nothing its parent held
-    # (docs/pitfalls.md#fork).
-    global _renewer
-    _renewer = Renewer()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

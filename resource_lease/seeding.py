@@ -16,7 +16,7 @@ from typing import Any
 
 from resource_lease.bulk import insert_many, update_many
 from resource_lease.models import Resource, live_q
-from resource_lease.validation import check_text
+from resource_lease.validation import check_text, encode_json
 
 #: Rows per UPDATE / DELETE batch, and per batch of INSERTs.
 CHUNK = 1000
@@ -54,7 +54,7 @@ class SeedList:
         """Add ``entry`` if its name is valid and new; the same entry again is a duplicate
         (skipped), the same name with another payload is an error (``conflict(seen, entry)``
         says how they differ)."""
-        problem = name_problem(entry.name)
+        problem = name_problem(entry.name) or data_problem(entry.data)
         if problem is not None:
             self.error(entry.where, problem)
             return
@@ -78,6 +78,17 @@ def name_problem(name: Any) -> str | None:
         return f"the name is longer than {MAX_NAME} characters ({len(name)})"
     try:
         check_text(name, "the name")
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def data_problem(data: Any) -> str | None:
+    """Why ``data`` cannot be a resource's payload on every database (NaN or infinity, a NUL
+    character anywhere, a lone surrogate: ``encode_json``), or None. Found by the property
+    tests: SQLite and MariaDB stored a NUL inside a payload that PostgreSQL refuses."""
+    try:
+        encode_json(data, "the data")
     except ValueError as exc:
         return str(exc)
     return None

@@ -15,6 +15,9 @@ lease_granted = Signal()
 lease_released = Signal()
 #: A loss noticed by this process: ``lease`` and ``reason``.
 lease_lost = Signal()
+#: A caller gave up waiting for a grant (``resource_lease.metrics.waiting``): ``kind`` (as the
+#: metrics label it), ``outcome`` ("timeout" or "error"), ``seconds`` waited, ``using``, ``holder``.
+lease_not_granted = Signal()
 
 # Operators' pool operations (``resource_lease.pool``). ``resources`` lists the rows the
 # operation matched, read just before its UPDATE and only when the signal has receivers

@@ -1,19 +1,36 @@
-"""Argument checks shared by the public API: a bad value is a ValueError naming it."""
+"""Argument checks and option defaults shared by every entry point of the public API.
+
+A bad value is a ``ValueError`` naming the argument, raised before anything is written. One
+function per rule, the same for every caller: ``check_name`` (the name of a lock, election,
+group, barrier, dispenser, topic or config), ``encode_json`` (a JSON payload every vendor
+stores), ``check_seconds`` / ``check_timeout``, ``check_holder``, and the defaults of the
+options every recipe takes (``resolve_ttl``, ``resolve_using``, ``resolve_holder``).
+``refuse_inside_single_writer_transaction`` refuses a write on SQLite from inside the
+caller's own write transaction (it would wait for itself).
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.db import connections, transaction
+
+from resource_lease.conf import lease_settings
+from resource_lease.db import json_text
+from resource_lease.exceptions import LeaseError
 
 #: The longest ttl, timeout or quarantine accepted, in seconds (about 31 years). Longer ones
 #: put an expiry past what the databases and Python's datetime hold (year 9999): MySQL and
 #: SQLite fail the statement, PostgreSQL commits a grant that can never be read back
 #: (see docs/pitfalls.md#value-limits).
 MAX_SECONDS = 1e9
+#: The longest name of a lock, election, group, barrier, dispenser, topic or config.
+MAX_NAME = 200
 
 
 def check_text(value: str, name: str) -> str:
@@ -44,10 +61,10 @@ def check_kind(kind: Any, name: str = "kind") -> str:
 
 def check_name(value: Any, name: str = "name") -> str:
     """The name of a lock, semaphore, election, group, barrier, dispenser, topic or config:
-    a non-empty string of at most 200 characters without NUL."""
-    if not isinstance(value, str) or not value:
+    a string of at most 200 characters without NUL, not empty nor only blanks (as a kind)."""
+    if not isinstance(value, str) or not value.strip():
         raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-    if len(value) > 200:
+    if len(value) > MAX_NAME:
         raise ValueError(f"{name} must be at most 200 characters, got {len(value)}")
     return check_text(value, name)
 
@@ -114,3 +131,168 @@ def check_reason(value: Any, name: str = "reason") -> str:
     if len(value) > 500:
         raise ValueError(f"{name} must be at most 500 characters, got {len(value)}")
     return check_text(value, name)
+
+
+#: The priorities a waiter may have: a 32-bit signed integer (the line's column).
+MIN_PRIORITY = -(2**31)
+MAX_PRIORITY = 2**31 - 1
+#: The most keys a ``where=`` filter may have, and the longest key.
+MAX_WHERE_KEYS = 32
+MAX_WHERE_KEY = 200
+#: The range of an integer ``where=`` value (what every database's JSON holds exactly).
+MIN_WHERE_INT = -(2**63)
+MAX_WHERE_INT = 2**63 - 1
+
+
+def check_priority(value: Any, name: str = "priority") -> int:
+    """A waiter's priority: an int (not a bool) in the 32-bit signed range; higher first."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise ValueError(f"{name} must be from {MIN_PRIORITY} to {MAX_PRIORITY}, got {value!r}")
+    return value
+
+
+def check_where(value: Any, name: str = "where") -> dict[str, str | int | bool | None] | None:
+    """A ``where=`` filter: None, or a dict of at most MAX_WHERE_KEYS keys (non-empty text of
+    at most MAX_WHERE_KEY characters, without the double quote or backslash a JSON path
+    cannot carry on every database) to the value ``data`` must hold under that key: a string,
+    an int (64-bit), a bool or None, compared exactly (type and value: 1 is neither True nor
+    1.0). Floats, lists and dicts are refused: the databases' JSON does not compare them alike.
+    An empty dict is the same as None."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a dict of keys and values the resource's data must have, got {value!r}")
+    if len(value) > MAX_WHERE_KEYS:
+        raise ValueError(f"{name} must have at most {MAX_WHERE_KEYS} keys, got {len(value)}")
+    checked: dict[str, str | int | bool | None] = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"{name} keys must be non-empty strings, got {key!r}")
+        if len(key) > MAX_WHERE_KEY:
+            raise ValueError(f"{name} keys must be at most {MAX_WHERE_KEY} characters, got {len(key)}")
+        if '"' in key or "\\" in key:
+            raise ValueError(f"{name} keys must not contain '\"' or '\\\\', got {key!r}")
+        check_text(key, f"{name} key")
+        if isinstance(item, str):
+            check_text(item, f"{name}[{key!r}]")
+        elif isinstance(item, int) and not isinstance(item, bool):
+            if not MIN_WHERE_INT <= item <= MAX_WHERE_INT:
+                raise ValueError(f"{name}[{key!r}] must fit in 64 bits, got {item!r}")
+        elif item is not None and not isinstance(item, bool):
+            raise ValueError(
+                f"{name}[{key!r}] must be a string, an integer, a bool or None (compared exactly on every"
+                f" database), got {type(item).__name__} {item!r}"
+            )
+        checked[key] = item
+    return checked or None
+
+
+_MISSING = object()
+
+
+def where_matches(where: Mapping[str, Any] | None, data: Any) -> bool:
+    """Whether a resource's ``data`` satisfies a checked ``where=`` filter, as the database
+    judges it (``Dialect.matches_sql``): every key present with a value of the same JSON type
+    and value (a bool is not an int, an int is not a float)."""
+    if not where:
+        return True
+    if not isinstance(data, dict):
+        return False
+    for key, wanted in where.items():
+        got = data.get(key, _MISSING)
+        if got is _MISSING or type(got) is not type(wanted) or got != wanted:
+            return False
+    return True
+
+
+def encode_json(value: Any, name: str) -> str:
+    """``value`` as JSON text that every vendor stores as given: no NaN or infinity (not JSON;
+    PostgreSQL refuses them), no NUL character (PostgreSQL's jsonb refuses ``\\u0000``), valid
+    Unicode. ``ValueError`` naming ``name`` otherwise (docs/pitfalls.md#value-limits)."""
+    try:
+        text = json_text.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be JSON-serializable (no NaN or infinity), got {value!r}: {exc}") from exc
+    if "\\u0000" in text:
+        raise ValueError(f"{name} must not contain NUL characters, got {value!r}")
+    return check_text(text, name)
+
+
+def check_json(value: Any, name: str) -> Any:
+    """``value`` itself, once ``encode_json`` has accepted it."""
+    encode_json(value, name)
+    return value
+
+
+def check_json_dict(value: Any, name: str) -> dict[str, Any]:
+    """A JSON object: a dict with string keys that ``encode_json`` accepts."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a dict, got {value!r}")
+    if not all(isinstance(key, str) for key in value):
+        raise ValueError(f"{name} must have string keys, got {sorted(map(repr, value))}")
+    return dict(check_json(value, name))
+
+
+# -- the options every entry point takes ----------------------------------------------------
+
+
+def resolve_ttl(ttl: Any, default: Any = None) -> float:
+    """``ttl`` checked; when None, ``default`` (when None too, the ``TTL`` setting)."""
+    if ttl is None:
+        ttl = lease_settings.TTL if default is None else default
+    return check_seconds(ttl, "ttl")
+
+
+def resolve_using(using: Any, name: str = "using") -> str:
+    """The database alias: ``using`` checked, or the ``DATABASE`` setting."""
+    return check_alias(str(lease_settings.DATABASE) if using is None else using, name)
+
+
+def resolve_holder(holder: Any, default: Callable[[], str]) -> str:
+    """``holder`` checked, or ``default()`` (an identity of this process or thread)."""
+    return check_holder(holder) or default()
+
+
+def refuse_inside_single_writer_transaction(alias: str, what: str) -> None:
+    """On a single-writer database (SQLite), a write on the engine's own connection from
+    inside the caller's open write transaction would wait for that transaction's own lock:
+    refuse it clearly instead of hanging for the busy timeout (docs/pitfalls.md#sqlite)."""
+    if not transaction.get_connection(alias).in_atomic_block:
+        return
+    from resource_lease.db import dialect_class
+
+    if dialect_class(connections[alias].vendor).single_writer:
+        raise LeaseError(
+            f"{what} inside an open transaction on {alias!r}: this database has a single writer, so it would "
+            "wait for your own transaction's lock. Call it before entering atomic() (or in transaction.on_commit)."
+        )
+
+
+@dataclass(frozen=True)
+class Options:
+    """The options an entry point takes (``ttl``, ``using``, ``holder``), checked, with the
+    defaults they all share: ``Options.of(ttl=ttl, using=using, ...)``."""
+
+    ttl: float
+    using: str
+    holder: str = ""
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        ttl: Any = None,
+        using: Any = None,
+        holder: Any = None,
+        default_ttl: Any = None,
+        default_holder: Callable[[], str] | None = None,
+    ) -> Options:
+        """``resolve_ttl``, ``resolve_using`` and (given ``default_holder``) ``resolve_holder``."""
+        who = "" if default_holder is None else resolve_holder(holder, default_holder)
+        return cls(resolve_ttl(ttl, default_ttl), resolve_using(using), who)
+
+    def refuse_in_transaction(self, what: str) -> None:
+        """``refuse_inside_single_writer_transaction`` on ``using``."""
+        refuse_inside_single_writer_transaction(self.using, what)

@@ -11,13 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import Permission, User
 from django.db import connection
-from django.test import Client
+from django.test import Client, override_settings
 
-from resource_lease.db.connections import close_connections
+from resource_lease import audit
+from resource_lease.db.connections import close_connections, close_every_connection
+from resource_lease.db.listen import hub
 from resource_lease.holder import ResourceHolder
 from resource_lease.models import Resource
+from resource_lease.wakeups import forget_subscriptions
 from tests.holder_helpers import Holder
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,6 +52,9 @@ def _close_lease_connections() -> Iterator[None]:
     # flushed or dropped behind them).
     yield
     close_connections()
+    forget_subscriptions()  # the line's LISTEN (PostgreSQL) must not outlive the test either
+    hub().close()
+    close_every_connection()  # those of the worker threads of async code (resource_lease.aio) too
 
 
 def worker_env(**extra: str) -> dict[str, str]:
@@ -127,3 +134,35 @@ def staff(django_user_model: type[User]) -> Callable[..., Client]:
 def admin_client(staff: Callable[..., Client]) -> Client:
     """A logged-in client of a superuser (pytest-django's fixture of that name, made by ``staff``)."""
     return staff(superuser=True)
+
+
+@pytest.fixture
+def audit_on(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., audit.AuditWriter]]:
+    """``audit_on(**settings)``: the trail on, with a fresh writer stopped after the test."""
+    writers: list[audit.AuditWriter] = []
+    overrides: list[override_settings] = []
+
+    def enable(**extra: Any) -> audit.AuditWriter:
+        override = override_settings(RESOURCE_LEASE={**settings.RESOURCE_LEASE, "AUDIT": True, **extra})
+        override.enable()
+        overrides.append(override)
+        writer = audit.AuditWriter()
+        monkeypatch.setattr(audit, "writer", writer)
+        writers.append(writer)
+        return writer
+
+    yield enable
+    for writer in writers:
+        writer.shutdown()  # its last round is stored before the test database is flushed
+    for override in reversed(overrides):
+        override.disable()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The examples each entry point was tried with by the property tests (tests/properties.py)."""
+    properties = sys.modules.get("tests.properties")
+    lines = properties.tally_lines() if properties is not None else []
+    if lines:
+        terminalreporter.section(f"generated inputs (Hypothesis) on {connection.vendor}")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -18,3 +18,15 @@ RESOURCE_LEASE = {**RESOURCE_LEASE, "AUDIT": False}
 _test_db = os.environ.get("RESOURCE_LEASE_TEST_DB_NAME")
 if _test_db:
     DATABASES["default"]["NAME"] = _test_db
+
+# A second alias whose server never answers (tests/test_database_down.py's child process):
+# the same vendor as the test database, on a port nothing listens on (SQLite: a file in a
+# directory that does not exist).
+if os.environ.get("RESOURCE_LEASE_TEST_DOWN_ALIAS"):
+    _down = {**DATABASES["default"], "HOST": "127.0.0.1", "PORT": "1", "OPTIONS": {**DATABASES["default"]["OPTIONS"]}}
+    if _down["ENGINE"].endswith("sqlite3"):
+        _down["NAME"] = "/nonexistent-resource-lease-dir/down.sqlite3"
+    else:
+        _down["NAME"] = "down"
+        _down["OPTIONS"]["connect_timeout"] = 5
+    DATABASES["down"] = _down

@@ -84,7 +84,7 @@ def test_the_list_shows_state_holder_fence_time_left_and_a_masked_url(pool: dict
     held = by_name["proxy-0"]
     assert "crawler-1" in held
     assert f'<td class="field-fence">{pool["lease"].fence}</td>' in held
-    assert re.search(r'field-time_left_display">(1m \d\ds|2m 00s)<', held)  # 120 s by the database's clock
+    assert re.search(r'rl-time">(1m \d\ds|2m 00s) left<', held)  # 120 s by the database's clock, under the state
     assert "socks5://alice:***@10.0.0.1:1080" in held
     assert "hunter2" not in html
     assert "slow exit" in by_name["proxy-1"] and re.search(r"(59m \d\ds|1h 00m) left", by_name["proxy-1"])

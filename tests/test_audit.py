@@ -8,12 +8,10 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.conf import settings
-from django.test import override_settings
 
 from resource_lease import LeaseLost, acquire, audit
 from resource_lease.models import LeaseEvent, Resource
@@ -21,28 +19,6 @@ from resource_lease.pool import force_release, quarantine, restore
 from tests.conftest import REPO, worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def audit_on(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., audit.AuditWriter]]:
-    """``audit_on(**settings)``: the trail on, with a fresh writer stopped after the test."""
-    writers: list[audit.AuditWriter] = []
-    overrides: list[override_settings] = []
-
-    def enable(**extra: Any) -> audit.AuditWriter:
-        override = override_settings(RESOURCE_LEASE={**settings.RESOURCE_LEASE, "AUDIT": True, **extra})
-        override.enable()
-        overrides.append(override)
-        writer = audit.AuditWriter()
-        monkeypatch.setattr(audit, "writer", writer)
-        writers.append(writer)
-        return writer
-
-    yield enable
-    for writer in writers:
-        writer.shutdown()  # its last round is stored before the test database is flushed
-    for override in reversed(overrides):
-        override.disable()
 
 
 def events(*fields: str) -> list[tuple[Any, ...]]:
@@ -171,9 +147,21 @@ def test_operator_actions_are_recorded_with_the_actor_and_reason(make_pool: Any,
         "crawler-1",
         lease.fence,
         "admin:alice",
-        "cut off by an operator",
+        "",
     )
+    assert LeaseEvent.objects.get(event="force_released").summary == "cut off crawler-1"
     assert rows[5][0::4] == ("quarantined", "")  # outside acting_as: no actor
+
+
+def test_a_quarantine_names_the_operator_not_the_last_dead_holder(make_pool: Any, audit_on: Any) -> None:
+    audit_on(AUDIT_FLUSH_INTERVAL=60)
+    make_pool("proxy", 1)
+    acquire("proxy", ttl=30, holder="crawler-that-died:4242:MainThread").release()
+    with audit.acting_as("admin:alice"):
+        quarantine(Resource.objects.all(), reason="502s", seconds=600)
+    audit.flush()
+    event = LeaseEvent.objects.get(event="quarantined")
+    assert (event.holder, event.actor, event.who) == ("", "admin:alice", "admin:alice")
 
 
 def test_events_still_queued_at_exit_are_stored(make_pool: Any) -> None:

@@ -182,7 +182,7 @@ def test_the_frozen_cohort_keeps_index_and_size_while_others_arrive(spawn_worker
 
 def test_negative_control_an_unfrozen_view_is_caught(spawn_worker: Any) -> None:
     """Each member computing index/size from its own live read of who is in the barrier (the
-    seed's view) computes some users twice or never, and the same check catches it."""
+    ZooKeeper version's view) computes some users twice or never, and the same check catches it."""
     entered = _staggered_round(spawn_worker, "unfrozen", "--unfrozen")
     with pytest.raises(AssertionError, match="computed twice|never"):
         exactly_once(entered)

@@ -28,6 +28,7 @@ import pytest
 
 from resource_lease import Election
 from tests.conftest import spawn, worker_env
+from tests.short_mode import once_across_backends
 
 pytestmark = [pytest.mark.celery, pytest.mark.django_db(transaction=True)]
 
@@ -102,6 +103,8 @@ def reachable(url: str) -> str | None:
 @pytest.fixture(params=["redis"])
 def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
     url = {"redis": REDIS_URL, "rabbitmq": AMQP_URL}[request.param]
+    if request.param == "rabbitmq":
+        once_across_backends("RabbitMQ's side of a beat test (the same test runs on Redis here)")
     problem = reachable(url)
     if problem is not None:
         if request.param == "rabbitmq" and REQUIRE_RABBITMQ:
@@ -184,6 +187,16 @@ def run_and_kill_the_leader(broker: Broker, beats: Any, tmp_path: Path, schedule
     other.stop()
     time.sleep(0.5)  # the consumer drains the last messages
     return killed
+
+
+def test_a_standby_beat_logs_that_it_stands_by_and_who_leads(broker: Broker, beats: Any, tmp_path: Path) -> None:
+    first, second = beats(), beats()
+    leader = wait_until(lambda: leader_pid(tmp_path.name), 60, "a beat to lead")
+    standby = second if leader == first.proc.pid else first
+    line = f":{leader} leads {tmp_path.name!r}; this beat ("
+    wait_until(lambda: line in standby.log.read_text(), 30, "the standby beat to say who leads")
+    text = standby.log.read_text()
+    assert "beat: standing by: " in text and f"{standby.proc.pid}) sends nothing until it leads" in text
 
 
 @on_both_brokers

@@ -69,6 +69,14 @@ def test_smoke_mode_runs_every_scenario_on_the_test_database(tmp_path: Path) -> 
     assert renewal["renewals"] > 0 and renewal["queries_per_renewal"] >= 1
     assert renewal["lateness"]["n"] > 0  # leases renewed more than once in the window
 
+    waiting = _result(tmp_path, "waiting")
+    for point in waiting["points"]:
+        engine = point["results"]["engine"]
+        assert engine["grants"] > 0 and 0 < engine["utilisation"] <= 1.0001
+        assert 0 < engine["jain"] <= 1.0 and engine["gap_p50_ms"] is not None
+        # What a waiter costs the database is counted (the line's looks, attempts, places).
+        assert engine["statements_per_waiter_s"] is not None and engine["line"]["entered"] >= 0
+
     assert not Resource.objects.filter(kind__startswith=KIND_PREFIX).exists()
 
 
@@ -101,3 +109,27 @@ def test_cycle_cost_measures_four_loops_and_leaves_nothing_behind() -> None:
         assert len(result["per_round"]["worker_us"][name]) == 2
     assert result["loops"]["floor"]["x_floor"] == 1.0
     assert not Resource.objects.filter(kind="cyclecost").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_coord_cost_measures_each_call_next_to_a_lock_cycle_and_leaves_nothing_behind() -> None:
+    from resource_lease.models import ConfigEntry, Counter, LeadershipTerm
+
+    stdout = io.StringIO()
+    call_command("coord_cost", "--calls", "20", "--rounds", "2", "--json", stdout=stdout)
+    result = json.loads(stdout.getvalue())
+    assert list(result["loops"]) == [
+        "lock cycle",
+        "counter.add",
+        "counter.value",
+        "Config.set",
+        "compare_and_set",
+        "election cycle",
+        "observer look",
+    ]
+    for name, row in result["loops"].items():
+        assert row["wall_us"] > 0, name
+        assert len(result["per_round"]["wall_us"][name]) == 2
+    assert result["loops"]["lock cycle"]["x_lock"] == 1.0
+    assert not Counter.objects.exists() and not ConfigEntry.objects.exists()
+    assert not LeadershipTerm.objects.exists() and not Resource.objects.exists()

@@ -148,12 +148,53 @@ def test_keys_and_namespaces_compare_exactly() -> None:
 
 
 def test_a_stored_value_that_does_not_fit_is_logged_and_the_default_used(caplog: pytest.LogCaptureFixture) -> None:
-    Config("drift", defaults={"max_rec": "a string once"}).set("max_rec", "many")
+    old = Config("drift", defaults={"max_rec": "a string once"})
+    Config.retype("drift", "max_rec", 1000)  # the explicit change of type
+    old.set("max_rec", "many")  # a process still running the old code
     with caplog.at_level(logging.ERROR, logger="resource_lease"):
-        params = Config("drift", defaults={"max_rec": 1000})  # the code changed the key's type
+        params = Config("drift", defaults={"max_rec": 1000})
     assert params["max_rec"] == 1000
     assert any("does not fit" in r.getMessage() for r in caplog.records)
     assert _entry("drift", "max_rec").type == "int"
+
+
+def test_the_first_declaration_s_type_holds_and_a_conflicting_one_is_refused() -> None:
+    """A rolling deploy: old and new code build their Config in turn; the key's type (and so
+    the admin's validation) must not flip with whichever process came last."""
+    Config("flip", defaults={"max_rec": 1000})
+    message = (
+        r"defaults\['max_rec'\] is a float, but config 'flip' key 'max_rec' was declared an int first"
+        r".*Config.retype\('flip', 'max_rec', <new default>\)"
+    )
+    for _ in range(2):
+        with pytest.raises(ValueError, match=message):
+            Config("flip", defaults={"max_rec": 0.5, "added": 1})
+        assert _entry("flip", "max_rec").type == "int"
+        assert not ConfigEntry.objects.filter(key="added").exists(), "nothing written"
+        Config("flip", defaults={"max_rec": 1000})
+    # The same type with another default: the default shown by the admin follows the code.
+    Config("flip", defaults={"max_rec": 2000})
+    assert (_entry("flip", "max_rec").type, _entry("flip", "max_rec").default) == ("int", 2000)
+
+
+def test_retype_is_the_explicit_change_of_a_key_s_type() -> None:
+    params = Config("retyped", defaults={"max_rec": 1000, "label": "a"})
+    params.set("max_rec", 800)
+    params.set("label", "b")
+    Config.retype("retyped", "max_rec", 0.5)  # 800 fits a float: kept
+    entry = _entry("retyped", "max_rec")
+    assert (entry.type, entry.default, entry.value) == ("float", 0.5, 800)
+    version = _entry("retyped", "label").version
+    Config.retype("retyped", "label", 3)  # "b" is no int: removed, a change watchers see
+    entry = _entry("retyped", "label")
+    assert (entry.type, entry.default, entry.value, entry.version) == ("int", 3, None, version + 1)
+    assert Config("retyped", defaults={"max_rec": 0.5, "label": 3}).as_dict() == {"max_rec": 800.0, "label": 3}
+    with pytest.raises(ValueError, match="is an int, but config 'retyped' key 'max_rec' was declared a float"):
+        Config("retyped", defaults={"max_rec": 1000})
+    with pytest.raises(KeyError, match="no declared key 'nope'"):
+        Config.retype("retyped", "nope", 1)
+    with pytest.raises(ValueError, match="default must be a bool"):
+        Config.retype("retyped", "label", object())
 
 
 def test_reset_goes_back_to_the_default_and_watchers_see_it() -> None:

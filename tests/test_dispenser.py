@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from resource_lease import Dispenser, LeaseError, WorkItem
-from resource_lease.db.connections import run
-from resource_lease.db.dispenser import NEXT_INDEX, item_statements
+from resource_lease.db.dispenser import NEXT_INDEX
+from resource_lease.db.operations import ops
 from resource_lease.models import DispenserItem
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -249,7 +249,7 @@ def test_the_claim_statement_reads_the_index_not_the_table(vendor: str) -> None:
     d = Dispenser("plan")
     d.put([f"k{i}" for i in range(3000)])
     Dispenser("other").put([f"k{i}" for i in range(3000)])
-    plan = run(d.using, lambda dl, c: item_statements(dl).explain_claim(c, dispenser="plan"), what="explain")
+    plan = ops(d.using).explain_claim("plan")
     print(plan)
     assert NEXT_INDEX in plan
     if vendor == "postgresql":

@@ -63,3 +63,17 @@ def test_nothing_cites_the_numbered_list_users_do_not_have() -> None:
         for match in re.finditer(r"\bPITFALLS(?:\.md)?(?: \d+)?", path.read_text(errors="replace"))
     ]
     assert not stale, stale
+
+
+def test_no_user_facing_text_speaks_of_the_seed() -> None:
+    """ "The seed" was the team's word for the hand-written MySQL/ZooKeeper/Redis code the app
+    replaces; a user does not know it. The docs, the code's docstrings and the demos say what
+    was there instead (a MySQL lock record, a ZooKeeper watch, the Redis TaskDispenser)."""
+    jargon = re.compile(r"\bthe seed\b|\bseed's\b|\bseed document\b|^\|\s*seed\s*\|", re.IGNORECASE | re.MULTILINE)
+    found = [
+        f"{path.relative_to(ROOT)}: {match.group(0)!r}"
+        for path in sources()
+        if path != Path(__file__).resolve()
+        for match in jargon.finditer(path.read_text(errors="replace"))
+    ]
+    assert not found, found

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from resource_lease import pool
+from resource_lease.db.line import Turn
 from resource_lease.exceptions import LeaseError
 from resource_lease.holder import live_holders
 from resource_lease.lease import Lease, acquire
@@ -84,8 +85,8 @@ def _paused_after_grant(cls: type[Holder]) -> type[Holder]:
             self.checked.append(-1 if lease is None else lease.fence)
             return super().is_valid()
 
-        def _grab(self, *, give_up_if_empty: bool) -> Lease | None:
-            lease = super()._grab(give_up_if_empty=give_up_if_empty)
+        def _grab(self, turn: Turn, *, give_up_if_empty: bool) -> Lease | None:
+            lease = super()._grab(turn, give_up_if_empty=give_up_if_empty)
             if lease is not None and threading.current_thread() is self and not self.granted.is_set():
                 self.paused_grant = lease
                 self.granted.set()

@@ -202,25 +202,30 @@ def test_negative_control_a_lock_around_the_body_runs_ticks_twice(spawn_worker, 
 
 
 def test_a_leader_paused_inside_the_body_past_its_ttl_stores_nothing(spawn_worker, tmp_path: Path) -> None:
-    """SIGSTOP the leader while its body runs, past the ttl: another server takes the job;
-    on SIGCONT the paused run returns, and leader_only refuses it (LeaseLost, no state)."""
-    procs = {p.pid: p for p in servers(spawn_worker, tmp_path, 2, "--hold", "0.6", seconds=60.0)}
+    """The leader stops (SIGSTOP) while its body runs, past the ttl: another server takes the
+    job; on SIGCONT the paused run returns, and leader_only refuses it (LeaseLost, no state).
+    The body stops itself when the test asks (--pause-file), so the pause is inside it."""
+    pause = tmp_path / "pause-now"
+    procs = {p.pid: p for p in servers(spawn_worker, tmp_path, 2, "--pause-file", str(pause), seconds=60.0)}
     observer = Election(tmp_path.name, holder="observer")
     deadline = time.monotonic() + 60
     while not ((holder := observer.leader()) and observer.state.get("units", 0) >= 2):
         assert time.monotonic() < deadline, "no server ran the job twice"
         time.sleep(0.05)
-    paused = int(holder.rsplit(":", 1)[1])
+    pause.touch()
 
-    def inside_the_body() -> bool:
-        mine = leadership.events(tmp_path)[str(paused)]
-        return mine[-1][1] == "BODY"
+    def pausing() -> tuple[int, int] | None:
+        for worker, lines in leadership.events(tmp_path).items():
+            for fields in lines:
+                if fields[1] == "PAUSING":
+                    return int(worker), int(fields[2])
+        return None
 
-    while not inside_the_body():
-        assert time.monotonic() < deadline, "the leader never ran its body"
-        time.sleep(0.01)
-    procs[paused].send_signal(signal.SIGSTOP)
-    stopped_tick = int(time.time())
+    while (found := pausing()) is None:
+        assert time.monotonic() < deadline, "no leader ran its body again"
+        time.sleep(0.05)
+    paused, paused_tick = found
+    holder = f"{holder.rsplit(':', 1)[0]}:{paused}"
     while observer.leader() in (None, holder):
         assert time.monotonic() < deadline + 30, "nobody took over from the paused leader"
         time.sleep(0.05)
@@ -231,11 +236,11 @@ def test_a_leader_paused_inside_the_body_past_its_ttl_stores_nothing(spawn_worke
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     mine = leadership.events(tmp_path)[str(paused)]
-    body = max(i for i, f in enumerate(mine) if f[1] == "BODY" and int(f[2]) <= stopped_tick)
+    at = next(i for i, f in enumerate(mine) if f[1] == "PAUSING")
     ran, _, _ = ticks(tmp_path)
     verdict = leadership.check(tmp_path)
-    print(f"paused inside the body: {verdict.summary()}; the paused server's events then {mine[body : body + 3]}")
-    assert mine[body + 1][1] == "LOST", mine[body:]  # the paused run raised LeaseLost...
+    print(f"paused inside the body: {verdict.summary()}; the paused server's events then {mine[at : at + 3]}")
+    assert mine[at + 1][1:] == ["LOST", str(paused_tick)], mine[at:]  # the paused run raised LeaseLost...
     assert verdict.violations == 0, verdict.summary()  # ...and stored nothing: 1, 2, 3, ... unbroken
     assert [t for t, n in ran.items() if n > 1] == []
     assert row(tmp_path.name).data["units"] == len(verdict.saved)

@@ -211,12 +211,20 @@ def test_lock_excludes_across_processes_with_fences_strictly_increasing(spawn_wo
 
 
 def test_negative_control_a_check_then_update_lock_is_caught(spawn_worker, tmp_path: Path) -> None:
-    """The same ledger must fail a lock that looks and then writes unconditionally."""
-    ledger_race(spawn_worker, tmp_path, "--lock", "broken", "--naive", workers=5, seconds=3.0)
-    verdict = check(tmp_path)
-    print(f"negative control: {verdict.summary()}")
-    assert verdict.grants >= 10
-    assert verdict.violations > 0, "the ledger did not notice a broken lock"
+    """The same ledger must fail a lock that looks and then writes unconditionally. Whether
+    two workers interleave between the look and the write in three seconds depends on the
+    machine's scheduling (on a loaded machine each runs alone for long stretches): up to three
+    runs, each judged on its own."""
+    for run in range(3):
+        directory = tmp_path / f"run{run}"
+        directory.mkdir()
+        ledger_race(spawn_worker, directory, "--lock", f"broken-{run}", "--naive", workers=5, seconds=3.0)
+        verdict = check(directory)
+        print(f"negative control, run {run + 1}: {verdict.summary()}")
+        assert verdict.grants >= 10
+        if verdict.violations > 0:
+            return
+    raise AssertionError("the ledger did not notice a broken lock in three runs")
 
 
 def max_concurrent(directory: Path) -> int:

@@ -57,7 +57,7 @@ def test_locks_page_shows_holder_fence_and_time_left_by_the_database_clock(staff
     assert "rebuild-index" in html and "idle-lock" in html
     assert "host-a:11:main" in html
     assert 'class="rl-badge rl-held"' in html and 'class="rl-badge rl-free"' in html
-    assert re.search(r'<td class="field-time_left_display">(1m \d\ds|\d+s)</td>', html)
+    assert re.search(r'<div class="rl-note rl-time">(1m \d\ds|\d+s) left</div>', html)  # under the state
     assert "database's clock" in html
     assert "exports" not in html and "nightly-index" not in html and "proxy-0" not in html
 

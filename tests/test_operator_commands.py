@@ -367,3 +367,16 @@ def test_seed_proxies_sample_loads_the_list_shipped_with_the_package() -> None:
     assert json.loads(run("seed_proxies", "--sample", "--json"))["added"] == len(listed) > 0
     with pytest.raises(CommandError, match=r"either a FILE or --sample"):
         run("seed_proxies", str(SAMPLE), "--sample")
+
+
+@pytest.mark.parametrize(
+    "data", [{"k": "a\x00b"}, {"a\x00": 1}, {"n": [float("nan")]}, {"deep": {"x": float("inf")}}], ids=repr
+)
+def test_seed_resources_refuses_data_no_database_stores_alike(data: dict[str, Any], tmp_path: Path) -> None:
+    # Found by tests/test_properties_topics.py: SQLite and MariaDB stored a NUL inside a payload
+    # (PostgreSQL refuses it); NaN and infinity are not JSON. The line is named, nothing written.
+    path = tmp_path / "resources.json"
+    path.write_text(json.dumps([{"name": "ok-0", "data": {}}, {"name": "bad-1", "data": data}]))
+    with pytest.raises(CommandError, match="item 2"):
+        call_command("seed_resources", str(path), "--kind", "seeded", stdout=io.StringIO())
+    assert not Resource.objects.filter(kind="seeded").exists()

@@ -32,10 +32,13 @@ BAD = [
     ("SAFETY_MARGIN_MAX", -1, "must be >= 0 seconds"),
     ("BACKOFF_BASE", -0.5, "must be > 0 seconds"),
     ("BACKOFF_MAX", "1s", "must be a number of seconds"),
+    ("LINE_POLL", 0, "must be > 0 seconds"),
+    ("LINE_POLL_MAX", float("inf"), "must be finite"),
     ("TRANSIENT_RETRIES", -1, "must be >= 0"),
     ("TRANSIENT_RETRIES", 2.5, "must be a whole number"),
     ("LOCK_WAIT_TIMEOUT", float("inf"), "must be finite"),
     ("QUARANTINE_SECONDS", 1e12, "must be at most 1e+09 seconds"),
+    ("DISPENSER_TTL", 0, "must be > 0 seconds"),
     ("PROBE_REFRESH", -0.5, "must be >= 0 seconds"),
     ("AUDIT", "yes", "must be True or False"),
     ("PREPARED_STATEMENTS", 1, "must be True or False"),
@@ -74,6 +77,7 @@ def test_good_values_pass() -> None:
         ({"RENEW_FRACTION": 0.95}, ["RENEW_FRACTION", "SAFETY_MARGIN"]),
         ({"RENEW_FRACTION": 0.6, "SAFETY_MARGIN": 0.5}, ["RENEW_FRACTION", "SAFETY_MARGIN"]),
         ({"BACKOFF_BASE": 2, "BACKOFF_MAX": 1}, ["BACKOFF_MAX", "BACKOFF_BASE"]),
+        ({"LINE_POLL": 2, "LINE_POLL_MAX": 1}, ["LINE_POLL_MAX", "LINE_POLL"]),
     ],
 )
 def test_values_that_do_not_fit_together_are_an_error_naming_both(values: dict, names: list[str]) -> None:

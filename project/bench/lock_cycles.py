@@ -1,7 +1,7 @@
 """One worker of ``manage.py lock_bench``: take and give back a lock (or a pooled resource)
 as fast as it can during one window, and print what it did as one JSON line.
 
-    python -m project.bench.lock_cycles --mode lock|acquire --name N --start EPOCH --seconds S
+    python -m project.bench.lock_cycles --mode lock|read|write|acquire --name N --start EPOCH --seconds S
 
 Waiting is the library's own (``timeout`` up to the end of the window: backoff with jitter,
 capped at a second), so contended figures include the time waiters spend backing off.
@@ -18,7 +18,7 @@ import time
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=("lock", "acquire"), required=True)
+    parser.add_argument("--mode", choices=("lock", "read", "write", "acquire"), required=True)
     parser.add_argument("--name", required=True)
     parser.add_argument("--start", type=float, required=True, help="wall-clock time to start at")
     parser.add_argument("--seconds", type=float, required=True)
@@ -27,11 +27,13 @@ def main() -> None:
     import django
 
     django.setup()
-    from resource_lease import NoResourceAvailable, acquire, lock
+    from resource_lease import NoResourceAvailable, acquire, lock, rwlock
 
     def take(timeout: float):  # noqa: ANN202
         if args.mode == "lock":
             return lock(args.name, ttl=60, timeout=timeout, auto_renew=False)
+        if args.mode in ("read", "write"):  # rwlock(name).read() / .write()
+            return getattr(rwlock(args.name), args.mode)(ttl=60, timeout=timeout, auto_renew=False)
         return acquire(args.name, ttl=60, timeout=timeout)
 
     take(30).release()  # connect and create the row before the window: not measured

@@ -166,6 +166,10 @@ def summary_lines(doc: Doc) -> list[str]:
                 ]
             )
         lines += _table(header, rows)
+    elif scenario == "waiting":
+        from project.bench import waiting_report
+
+        lines += waiting_report.summary(doc)
     elif scenario == "crash":
         header = [
             "database",
@@ -430,4 +434,8 @@ PLOTS: dict[str, Callable[[Doc, Path], Path]] = {
 
 
 def plot(doc: Doc, out: Path) -> Path:
+    if doc["scenario"] == "waiting":
+        from project.bench import waiting_report
+
+        return waiting_report.plot(doc, out / "waiting.png")
     return PLOTS[doc["scenario"]](doc, out / f"{doc['scenario']}.png")

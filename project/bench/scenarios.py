@@ -20,6 +20,7 @@ from typing import Any
 from project.bench import vendor
 from project.bench.stats import cdf_sample, jain, latency_summary, percentile
 from project.bench.targets import KIND_PREFIX, Target, kind_for, seed
+from project.bench.waiting import waiting
 from project.bench.workers import Worker, Workers, go, prepare, run_window
 from resource_lease.models import Resource
 from resource_lease.pool import database_now
@@ -53,6 +54,12 @@ class Plan:
     renew_duration: float = 12.0
     #: Only these contenders in the cycle and pool scenarios (None: every one available).
     contenders: tuple[str, ...] | None = None
+    #: The waiting scenario: seconds per window, rounds, a checkout measured as "before",
+    #: and whether the peers (ZooKeeper, python-redis-lock, redis-py) take part.
+    waiting_duration: float = 5.0
+    waiting_rounds: int = 2
+    before: str | None = None
+    peers: bool = True
 
     def adjusted(self, **changes: Any) -> Plan:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
@@ -78,6 +85,8 @@ SMOKE = Plan(
     renew_processes=2,
     renew_ttl=0.6,
     renew_duration=0.8,
+    waiting_duration=0.5,
+    waiting_rounds=1,
 )
 
 
@@ -423,4 +432,5 @@ SCENARIOS: dict[str, tuple[Callable[[Context], dict[str, Any]], str]] = {
     "scarcity": (scarcity, "Scarcity: more workers than resources"),
     "crash": (crash_recovery, "Crash recovery: holders killed with SIGKILL"),
     "renewal": (renewal_load, "Renewal load: held leases renewed every ttl/3"),
+    "waiting": (waiting, "Waiting: served in line, against ZooKeeper and Redis locks"),
 }

@@ -19,7 +19,7 @@ from django.core.management import call_command
 from django.db import DatabaseError, connections
 
 from resource_lease.db.settings import database_from_url
-from resource_lease.models import LeaseEvent, Resource
+from resource_lease.models import LeaseEvent, Resource, Waiter
 
 #: Every benchmark row has a kind starting with this; they are deleted before and after a run.
 KIND_PREFIX = "lease-bench:"
@@ -108,6 +108,10 @@ def clean(target: Target) -> None:
 
 def _delete(target: Target) -> None:
     Resource.objects.using(target.alias).filter(kind__startswith=KIND_PREFIX).delete()
+    # Named locks of the benchmark (the lock scenarios' rows are "@lock" rows named with the prefix).
+    Resource.objects.using(target.alias).filter(kind="@lock", name__startswith=KIND_PREFIX).delete()
+    Waiter.objects.using(target.alias).filter(kind__startswith=KIND_PREFIX).delete()
+    Waiter.objects.using(target.alias).filter(kind="@lock", name__startswith=KIND_PREFIX).delete()
     # The audit trail's events of benchmark resources (written with --audit).
     LeaseEvent.objects.using(target.alias).filter(kind__startswith=KIND_PREFIX).delete()
 

@@ -324,13 +324,26 @@ def main() -> None:
     channel = Channel(sys.stdin, out)
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+    engine = os.environ.get(ENGINE_ENV)
+    if engine:
+        # Ahead of the working directory, which ``python -m`` puts first on sys.path: on
+        # PYTHONPATH alone, the checkout's own resource_lease would be the one imported.
+        sys.path.insert(0, engine)
     import django
 
     django.setup()
+    if engine:
+        import resource_lease
+
+        where = Path(resource_lease.__file__).resolve().parent
+        if where != (Path(engine) / "resource_lease").resolve():
+            raise WorkerError(f"asked to benchmark the resource_lease in {engine}, imported {where}")
     from django.db import connection
 
     from project.bench.counting import count_engine_statements, django_statement_counter
+    from project.bench.wait_task import WaitTask
 
+    TASKS["wait"] = WaitTask  # registered here: wait_task builds on this module
     count_engine_statements()
     connection.execute_wrappers.append(django_statement_counter)
     channel.send({"state": "started", "pid": os.getpid()})
@@ -364,7 +377,26 @@ def main() -> None:
 # -- the parent ---------------------------------------------------------------------------
 
 
-def worker_env(database_url: str, *, audit: bool = False) -> dict[str, str]:
+#: The directory (``engine_shim``) whose resource_lease a worker imports instead of this checkout's.
+ENGINE_ENV = "LEASE_BENCH_ENGINE"
+
+
+def engine_shim(engine_path: str) -> Path:
+    """A directory whose only entry is ``resource_lease``, linked to the one in
+    ``engine_path`` (a checkout of another version): put first on sys.path by the worker
+    (``ENGINE_ENV``), the workers import that engine and this project (the benchmark) alike."""
+    source = Path(engine_path).resolve() / "resource_lease"
+    if not (source / "__init__.py").exists():
+        raise WorkerError(f"{engine_path} has no resource_lease package to benchmark")
+    shim = Path(os.environ.get("TMPDIR", "/tmp")) / f"lease-bench-engine-{abs(hash(str(source)))}"
+    shim.mkdir(exist_ok=True)
+    link = shim / "resource_lease"
+    if not link.is_symlink():
+        link.symlink_to(source)
+    return shim
+
+
+def worker_env(database_url: str, *, audit: bool = False, engine_path: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["DATABASE_URL"] = database_url
     env["DJANGO_SETTINGS_MODULE"] = "project.settings"
@@ -375,19 +407,21 @@ def worker_env(database_url: str, *, audit: bool = False) -> dict[str, str]:
     env.setdefault("RESOURCE_LEASE_LOG", "WARNING")
     env.pop("RESOURCE_LEASE_TEST_DB_NAME", None)
     env["PYTHONPATH"] = str(BASE_DIR) + os.pathsep + env.get("PYTHONPATH", "")
+    if engine_path is not None:
+        env[ENGINE_ENV] = str(engine_shim(engine_path))
     return env
 
 
 class Worker:
     """The parent's handle on one worker process."""
 
-    def __init__(self, database_url: str, log: IO[str], *, audit: bool = False) -> None:
+    def __init__(self, database_url: str, log: IO[str], *, audit: bool = False, engine_path: str | None = None) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "project.bench.workers"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log,
-            env=worker_env(database_url, audit=audit),
+            env=worker_env(database_url, audit=audit, engine_path=engine_path),
             cwd=BASE_DIR,
             text=True,
             bufsize=1,
@@ -446,16 +480,21 @@ class Workers:
 
     start_timeout = 120.0
 
-    def __init__(self, database_url: str, log_path: Path, *, audit: bool = False) -> None:
+    def __init__(
+        self, database_url: str, log_path: Path, *, audit: bool = False, engine_path: str | None = None
+    ) -> None:
         self.database_url = database_url
         self.audit = audit
+        #: Workers import the resource_lease of this checkout instead (``engine_shim``).
+        self.engine_path = engine_path
+        self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log = open(log_path, "a")  # noqa: SIM115 (closed by close())
         self.workers: list[Worker] = []
 
     def spawn(self, n: int) -> list[Worker]:
         """Start n new workers (in parallel) and wait until each has set Django up."""
-        new = [Worker(self.database_url, self.log, audit=self.audit) for _ in range(n)]
+        new = [Worker(self.database_url, self.log, audit=self.audit, engine_path=self.engine_path) for _ in range(n)]
         try:
             for worker in new:
                 worker.expect("started", self.start_timeout)

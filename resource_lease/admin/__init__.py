@@ -1,28 +1,39 @@
 """The Django admin: one module per concern, each registering its own models.
 
-- ``resources``: the pool of resources (states, quarantine, force release) and its overview.
+- ``base``: what every page shares (stylesheet, state badge and filter, the read-only base).
+- ``times``: every time to the second, in UTC (``SecondsAdmin``).
+- ``resources``: the pool of resources (states, quarantine, force release).
+- ``overview``: the pool overview (counts, waits and time-outs per kind) and the audit trail.
 - ``groups``: group members (with a kick action) and barriers (round, cohort, who is inside).
 - ``locks``: named locks, semaphores and leader elections (holders, fences, time left,
-  hand-over state; force release).
+  hand-over state; force release), and the elections' leadership terms.
 - ``dispenser``: the dispensers' counts and their work items (retry failed, release claims).
-- ``notify``: notification topics (read-only) and live configuration (editable, validated).
+- ``notify``: notification topics and shared counters (read-only) and live configuration
+  (editable, validated).
+- ``line``: who waits in line for what (read-only).
 """
 
 from resource_lease.admin.dispenser import DispenserItemAdmin
 from resource_lease.admin.groups import BarrierOverviewAdmin, GroupMemberAdmin
-from resource_lease.admin.locks import ElectionAdmin, LockAdmin, SemaphoreAdmin
-from resource_lease.admin.notify import ConfigEntryAdmin, TopicAdmin
-from resource_lease.admin.resources import PoolOverviewAdmin, ResourceAdmin
+from resource_lease.admin.line import WaiterAdmin
+from resource_lease.admin.locks import ElectionAdmin, LeadershipTermAdmin, LockAdmin, SemaphoreAdmin
+from resource_lease.admin.notify import ConfigEntryAdmin, CounterAdmin, TopicAdmin
+from resource_lease.admin.overview import LeaseEventAdmin, PoolOverviewAdmin
+from resource_lease.admin.resources import ResourceAdmin
 
 __all__ = [
     "BarrierOverviewAdmin",
     "ConfigEntryAdmin",
+    "CounterAdmin",
     "DispenserItemAdmin",
     "ElectionAdmin",
     "GroupMemberAdmin",
+    "LeadershipTermAdmin",
+    "LeaseEventAdmin",
     "LockAdmin",
     "PoolOverviewAdmin",
     "ResourceAdmin",
     "SemaphoreAdmin",
     "TopicAdmin",
+    "WaiterAdmin",
 ]

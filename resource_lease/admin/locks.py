@@ -1,8 +1,10 @@
-"""The Django admin of named locks, semaphores and leader elections.
+"""The Django admin of named locks, semaphores, read/write locks and leader elections.
 
 Each is a read-only list of its coordination rows (proxies of ``Resource``: ``LockRow``,
-``SemaphoreSlot``, ``ElectionRow``): who holds, the fence, the time left by the database's
-clock and, for an election, the hand-over state the last leader saved. The one action is
+``SemaphoreSlot``, ``RwLockRow``, ``ElectionRow``): who holds, the fence, the time left by the
+database's clock and, for an election, the hand-over state the last leader saved; and the
+leadership log of every election (``LeadershipTerm``: each term's fence and leader, what
+observers follow). The one action is
 force release (``pool.force_release``, a conditional UPDATE that is safe while holders
 work: the holder's next renewal or fenced write is refused). Nothing else is written here:
 only the engine writes these rows.
@@ -19,16 +21,23 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html
 
 from resource_lease import pool
-from resource_lease.admin.resources import CSS, StateFilter, _actor, _badge, _breakable, _plural
+from resource_lease.admin.base import CSS, ReadOnlyAdmin, StateFilter, actor, badge, breakable, plural
+from resource_lease.admin.times import SecondsAdmin, clipped, lock_delay_html, time_html
 from resource_lease.audit import acting_as
-from resource_lease.display import current_holder, database_time, format_duration, with_display_state
-from resource_lease.models import ElectionRow, LockRow, Resource, SemaphoreSlot
+from resource_lease.display import (
+    current_holder,
+    database_time,
+    format_duration,
+    lock_delay_until,
+    with_display_state,
+)
+from resource_lease.models import ElectionRow, LeadershipTerm, LockRow, Resource, RwLockRow, SemaphoreSlot
 
 #: How a slot retired by shrinking a semaphore (a disabled row) is labelled.
 RETIRED = "retired"
 
 
-class CoordinationAdmin(admin.ModelAdmin):
+class CoordinationAdmin(SecondsAdmin, admin.ModelAdmin):
     """Read-only lists of coordination rows, with force release."""
 
     list_per_page = 100
@@ -72,8 +81,13 @@ class CoordinationAdmin(admin.ModelAdmin):
     def state_badge(self, obj: Resource) -> str:
         state = getattr(obj, "state", "")
         if state == pool.DISABLED:
-            return _badge(pool.DISABLED, RETIRED)
-        return _badge(state) if state else "-"
+            return badge(pool.DISABLED, RETIRED)
+        if (until := lock_delay_until(obj)) is not None:
+            return lock_delay_html(badge(state), until)
+        left = format_duration(getattr(obj, "time_left", None))
+        if state == pool.HELD and left:  # the time left under the badge: one column less
+            return format_html('{}<div class="rl-note rl-time">{} left</div>', badge(state), left)
+        return badge(state) if state else "-"
 
     @admin.display(description="holder", ordering="holder")
     def holder_display(self, obj: Resource) -> str:
@@ -83,30 +97,30 @@ class CoordinationAdmin(admin.ModelAdmin):
         if obj.took_over and obj.previous_holder:
             return format_html(
                 '{}<br><small title="its previous holder\'s lease expired unreleased">took over from {}</small>',
-                _breakable(holder),
+                breakable(holder),
                 obj.previous_holder,
             )
-        return _breakable(holder)
+        return breakable(holder)
 
     @admin.display(description="time left", ordering="busy_before")
     def time_left_display(self, obj: Resource) -> str:
         return format_duration(getattr(obj, "time_left", None)) or "-"
 
-    @admin.display(description="held since", ordering="acquired_at")
+    @admin.display(description="held since (UTC)", ordering="acquired_at")
     def held_since(self, obj: Resource) -> str:
         if not current_holder(obj) or obj.acquired_at is None:
             return "-"
-        return f"{obj.acquired_at:%Y-%m-%d %H:%M:%S}"
+        return time_html(obj.acquired_at)
 
     # -- the action ---------------------------------------------------------------------
 
     @admin.action(description="Force release (free now; the holder's next renewal fails)", permissions=["change"])
     def force_release_action(self, request: HttpRequest, queryset: QuerySet[Resource]) -> None:
         pks = list(queryset.values_list("pk", flat=True))
-        with acting_as(_actor(request)):
+        with acting_as(actor(request)):
             changed = pool.force_release(pks, using=queryset.db)
         noun = str(self.model._meta.verbose_name)
-        message = f"Force-released {_plural(changed, noun)}"
+        message = f"Force-released {plural(changed, noun)}"
         if skipped := len(pks) - changed:
             message += f"; {skipped} of the {len(pks)} selected had no live holder"
         self.message_user(request, message + ".", messages.SUCCESS if changed else messages.WARNING)
@@ -127,7 +141,7 @@ HISTORY_FIELDS = ("acquired_at", "renewed_at", "released_at", "took_over", "prev
 @admin.register(LockRow)
 class LockAdmin(CoordinationAdmin):
     intro = 'Named locks: resource_lease.lock("name") and @synchronized("key"). One row per name.'
-    list_display = ("name", "state_badge", "holder_display", "fence", "time_left_display", "held_since")
+    list_display = ("name", "state_badge", "holder_display", "fence", "held_since")
     ordering = ("name",)
     fieldsets = (
         (None, {"fields": ("name",)}),
@@ -143,7 +157,7 @@ class SemaphoreAdmin(CoordinationAdmin):
         'Semaphores: resource_lease.semaphore("name", slots=N). One row per slot; a slot above the count'
         " in force is retired: never granted again once its holder lets go."
     )
-    list_display = ("semaphore", "slot", "state_badge", "holder_display", "fence", "time_left_display", "held_since")
+    list_display = ("semaphore", "slot", "state_badge", "holder_display", "fence", "held_since")
     ordering = ("kind", "name")
     fieldsets = (
         (None, {"fields": ("semaphore", "slot")}),
@@ -161,13 +175,35 @@ class SemaphoreAdmin(CoordinationAdmin):
         return str(int(obj.name)) if obj.name.isdigit() else obj.name
 
 
+@admin.register(RwLockRow)
+class RwLockAdmin(CoordinationAdmin):
+    intro = (
+        'Read/write locks: resource_lease.rwlock("name").read() and .write(). One row per name, held by'
+        " one writer or by readers (the holder shown is the last reader granted); every grant raises the fence."
+    )
+    list_display = ("name", "state_badge", "mode", "holder_display", "fence", "held_since")
+    ordering = ("name",)
+    fieldsets = (
+        (None, {"fields": ("name", "mode")}),
+        ("Lease (written by the rwlock's readers and writers only)", {"fields": LEASE_FIELDS}),
+        ("History", {"fields": (*HISTORY_FIELDS, "read_fence")}),
+    )
+    readonly_fields = ("name", "mode", "read_fence", *LEASE_FIELDS, *HISTORY_FIELDS)
+
+    @admin.display(description="held by")
+    def mode(self, obj: Resource) -> str:
+        if getattr(obj, "time_left", None) is None:
+            return "-"
+        return plural(obj.readers, "reader") if obj.readers else "a writer"
+
+
 @admin.register(ElectionRow)
 class ElectionAdmin(CoordinationAdmin):
     intro = (
         'Leader elections: resource_lease.Election("name") and @leader_only("name"). The holder is the'
         " leader; the state is what the last leader handed over."
     )
-    list_display = ("name", "state_badge", "leader", "fence", "time_left_display", "held_since", "handover_state")
+    list_display = ("name", "state_badge", "leader", "fence", "held_since", "handover_state")
     ordering = ("name",)
     fieldsets = (
         (None, {"fields": ("name", "handover_state")}),
@@ -184,5 +220,19 @@ class ElectionAdmin(CoordinationAdmin):
     def handover_state(self, obj: Resource) -> str:
         if not obj.data:
             return "-"
-        text = json.dumps(obj.data, ensure_ascii=False, sort_keys=True)
-        return format_html('<code title="{}">{}</code>', text, text if len(text) <= 120 else text[:119] + "…")
+        return clipped(json.dumps(obj.data, ensure_ascii=False, sort_keys=True), 160, code=True)
+
+
+@admin.register(LeadershipTerm)
+class LeadershipTermAdmin(ReadOnlyAdmin):
+    """Every term of every election, newest first: what ``Election.observe`` reports."""
+
+    list_display = ("election", "fence", "leader", "recorded_at")
+    list_per_page = 100
+    search_fields = ("election", "leader")
+    ordering = ("election", "-fence")
+    fields = list_display
+    readonly_fields = list_display
+
+    class Media:
+        css = CSS

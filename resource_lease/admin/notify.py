@@ -1,6 +1,6 @@
-"""The admin of notifications and live configuration.
+"""The admin of notifications, live configuration and shared counters.
 
-Topics are read-only: only ``notify()`` writes them. Config entries are editable: the form
+Topics and counters are read-only: only ``notify()`` and ``counter().add()`` write them. Config entries are editable: the form
 parses the value by the key's type (recorded by the code's ``Config`` declaration) and
 validates it exactly as ``Config.set`` does, and the save goes through the same upsert,
 so the version goes up and watchers in every process see an operator's edit like any other.
@@ -16,8 +16,9 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html
 
-from resource_lease.admin.resources import CSS, ReadOnlyAdmin
-from resource_lease.models import ConfigEntry, Topic
+from resource_lease.admin.base import CSS, ReadOnlyAdmin
+from resource_lease.admin.times import SecondsAdmin
+from resource_lease.models import ConfigEntry, Counter, Topic
 from resource_lease.recipes.config import parse_text, store_entry
 
 #: Longest JSON shown in a list cell.
@@ -50,6 +51,18 @@ class TopicAdmin(ReadOnlyAdmin):
     @admin.display(description="last payload")
     def payload_pretty(self, obj: Topic) -> str:
         return format_html("<pre>{}</pre>", json.dumps(obj.payload, ensure_ascii=False, indent=2))
+
+
+@admin.register(Counter)
+class CounterAdmin(ReadOnlyAdmin):
+    list_display = ("name", "value", "updated_at")
+    search_fields = ("name",)
+    ordering = ("name",)
+    fields = ("name", "value", "updated_at")
+    readonly_fields = fields
+
+    class Media:
+        css = CSS
 
 
 class ConfigEntryForm(forms.ModelForm):
@@ -94,7 +107,7 @@ class ConfigEntryForm(forms.ModelForm):
 
 
 @admin.register(ConfigEntry)
-class ConfigEntryAdmin(admin.ModelAdmin):
+class ConfigEntryAdmin(SecondsAdmin, admin.ModelAdmin):
     form = ConfigEntryForm
     list_display = ("namespace", "key", "type", "value_display", "default_display", "version", "updated_at")
     list_display_links = ("key",)

@@ -16,31 +16,31 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.contrib.admin.utils import display_for_value
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import reverse
-from django.utils.html import escape, format_html, format_html_join
-from django.utils.http import urlencode
-from django.utils.safestring import mark_safe
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
 from django.utils.text import capfirst
 
 from resource_lease import pool
+from resource_lease.admin.base import CSS, StateFilter, actor, badge, breakable, plural
+from resource_lease.admin.times import SecondsAdmin, at_second, lock_delay_html, time_html
 from resource_lease.audit import acting_as
 from resource_lease.conf import lease_settings
 from resource_lease.display import (
     current_holder,
     database_time,
     format_duration,
+    lock_delay_until,
     mask_payload,
     payload_url,
     quarantine_left,
     unmask_payload,
     with_display_state,
 )
-from resource_lease.models import LeaseEvent, PoolOverview, Resource, ResourceQuerySet
+from resource_lease.models import LeaseEvent, Resource, ResourceQuerySet
 from resource_lease.proxy_urls import MASK
 
 #: Fields the lease engine (or the pool operations) write; never edited in a form.
@@ -67,46 +67,6 @@ QUARANTINE_CHOICES = [
     (24 * 60 * 60, "1 day"),
     (7 * 24 * 60 * 60, "7 days"),
 ]
-
-CSS = {"all": ("resource_lease/admin.css",)}
-
-
-def _actor(request: HttpRequest) -> str:
-    return f"admin:{request.user.get_username()}"
-
-
-def _badge(state: str, label: str | None = None) -> str:
-    return format_html('<span class="rl-badge rl-{}">{}</span>', state, label or state)
-
-
-def _breakable(text: str, *, at_colons: bool = True) -> str:
-    """Escaped ``text`` that may wrap after ``://`` and ``@`` (and before other colons): holders
-    and URLs have no spaces, and unbroken they push the list's columns off screen."""
-    html = str(escape(text)).replace("://", "\0")
-    if at_colons:
-        html = html.replace(":", "<wbr>:")
-    html = html.replace("@", "@<wbr>").replace("\0", "://<wbr>")
-    return mark_safe(html)  # noqa: S308  (built from escaped text)
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
-class StateFilter(admin.SimpleListFilter):
-    """Filter on the ``state`` annotation (free, held, expired, quarantined, disabled)."""
-
-    title = "state"
-    parameter_name = "state"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(state, state) for state in pool.STATES]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
-        value = self.value()
-        if value in pool.STATES:
-            return queryset.filter(state=value)
-        return queryset
 
 
 class QuarantineForm(forms.Form):
@@ -163,16 +123,9 @@ class ResourceForm(forms.ModelForm):
 
 
 @admin.register(Resource)
-class ResourceAdmin(admin.ModelAdmin):
-    list_display = (
-        "name",
-        "kind",
-        "state_badge",
-        "holder_display",
-        "fence",
-        "time_left_display",
-        "url_display",
-    )
+class ResourceAdmin(SecondsAdmin, admin.ModelAdmin):
+    # The time left sits under the state: seven columns do not fit 1400 px with the sidebars.
+    list_display = ("name", "kind", "state_badge", "holder_display", "fence", "url_display")
     list_filter = ("kind", StateFilter, "enabled")
     search_fields = ("name", "holder")
     ordering = ("kind", "name")
@@ -208,7 +161,7 @@ class ResourceAdmin(admin.ModelAdmin):
             },
         ),
         (
-            "Quarantine (use the list's actions)",
+            "Quarantine (the buttons above, or the list's actions)",
             {"fields": ("quarantine_display", "quarantined_until", "quarantine_reason")},
         ),
         ("Recent events", {"fields": ("recent_events", "created_at")}),
@@ -242,8 +195,10 @@ class ResourceAdmin(admin.ModelAdmin):
         if not state:
             return "-"
         if state == pool.QUARANTINED:  # how long, and why, right under the badge
-            return format_html('{}<div class="rl-note">{}</div>', _badge(state), self.quarantine_display(obj))
-        return _badge(state)
+            return format_html('{}<div class="rl-note">{}</div>', badge(state), self.quarantine_display(obj))
+        if (until := lock_delay_until(obj)) is not None:
+            return lock_delay_html(badge(state), until)
+        return _state_with_time_left(obj)
 
     @admin.display(description="holder", ordering="holder")
     def holder_display(self, obj: Resource) -> str:
@@ -256,11 +211,11 @@ class ResourceAdmin(admin.ModelAdmin):
             )
         return holder or "-"
 
-    @admin.display(description="busy before", ordering="busy_before")
+    @admin.display(description="busy before (UTC)", ordering="busy_before")
     def busy_before_display(self, obj: Resource) -> str:
         if not obj.fence and not obj.grant_token:
             return "never leased"  # the model's default expiry, the Unix epoch, says nothing
-        return str(display_for_value(obj.busy_before, "-"))
+        return time_html(obj.busy_before)
 
     @admin.display(description="time left", ordering="busy_before")
     def time_left_display(self, obj: Resource) -> str:
@@ -269,7 +224,7 @@ class ResourceAdmin(admin.ModelAdmin):
     @admin.display(description="URL")
     def url_display(self, obj: Resource) -> str:
         url = payload_url(obj)
-        return _breakable(url, at_colons=False) if url else "-"
+        return breakable(url, at_colons=False) if url else "-"
 
     @admin.display(description="data")
     def masked_data(self, obj: Resource) -> str:
@@ -294,11 +249,8 @@ class ResourceAdmin(admin.ModelAdmin):
             "<ul class='rl-events'>{}</ul>",
             format_html_join(
                 "",
-                "<li>{} {} {} {}</li>",
-                (
-                    (f"{e.at:%Y-%m-%d %H:%M:%S}", _badge(e.event, capfirst(e.get_event_display())), e.holder, e.detail)
-                    for e in events
-                ),
+                "<li>{} UTC {} {} {}</li>",
+                ((at_second(e.at), badge(e.event, capfirst(e.get_event_display())), e.who, e.summary) for e in events),
             ),
         )
 
@@ -319,9 +271,9 @@ class ResourceAdmin(admin.ModelAdmin):
     def _apply(self, request: HttpRequest, queryset: QuerySet[Resource], operation: Any, done: str, why: str) -> None:
         """Run a pool operation on the selected rows as the admin user and say how many changed."""
         pks = list(queryset.values_list("pk", flat=True))
-        with acting_as(_actor(request)):
+        with acting_as(actor(request)):
             changed = operation(pks, using=queryset.db)
-        message = f"{done} {_plural(changed, 'resource')}"
+        message = f"{done} {plural(changed, 'resource')}"
         if skipped := len(pks) - changed:
             message += f"; {skipped} of the {len(pks)} selected {why}"
         self.message_user(request, message + ".", messages.SUCCESS if changed else messages.WARNING)
@@ -332,16 +284,23 @@ class ResourceAdmin(admin.ModelAdmin):
 
     @admin.action(description="Quarantine for a chosen time, with a reason…", permissions=["change"])
     def quarantine_action(self, request: HttpRequest, queryset: QuerySet[Resource]) -> HttpResponse | None:
+        return self._quarantine(
+            request, queryset, reverse(f"{self.admin_site.name}:resource_lease_resource_changelist")
+        )
+
+    def _quarantine(self, request: HttpRequest, queryset: QuerySet[Resource], cancel_url: str) -> HttpResponse | None:
+        """The quarantine form (its duration and reason) for the selected resources, and
+        applying it; None once applied."""
         pks = list(queryset.values_list("pk", flat=True))
         if "apply" in request.POST:
             form = QuarantineForm(request.POST)
             if form.is_valid():
                 still_held = pool.releasable(queryset).count()
                 seconds, reason = form.cleaned_data["duration"], form.cleaned_data["reason"]
-                with acting_as(_actor(request)):
+                with acting_as(actor(request)):
                     count = pool.quarantine(pks, reason=reason, seconds=seconds, using=queryset.db)
                 label = dict(QUARANTINE_CHOICES).get(seconds, f"{seconds}s")
-                message = f"Quarantined {_plural(count, 'resource')} for {label}: {reason}."
+                message = f"Quarantined {plural(count, 'resource')} for {label}: {reason}."
                 if still_held:
                     message += (
                         f" {still_held} {'is' if still_held == 1 else 'are'} leased right now: the holder keeps it"
@@ -359,6 +318,7 @@ class ResourceAdmin(admin.ModelAdmin):
             "resources": queryset.order_by("kind", "name")[:200],
             "count": len(pks),
             "pks": pks,
+            "cancel_url": cancel_url,
             "action_checkbox_name": ACTION_CHECKBOX_NAME,
             "media": self.media + form.media,
         }
@@ -372,104 +332,81 @@ class ResourceAdmin(admin.ModelAdmin):
         extra_context = {**(extra_context or {}), "database_now": database_time(Resource.objects.db)}
         return super().changelist_view(request, extra_context)
 
+    # -- the resource's own page: the same three operations, as buttons -------------------
+
+    change_form_template = "admin/resource_lease/resource/change_form.html"
+
+    def get_urls(self) -> list[Any]:
+        wrap, name = self.admin_site.admin_view, "resource_lease_resource"
+        return [
+            path("<path:object_id>/force-release/", wrap(self.force_release_view), name=f"{name}_force_release"),
+            path("<path:object_id>/quarantine/", wrap(self.quarantine_view), name=f"{name}_quarantine"),
+            path("<path:object_id>/restore/", wrap(self.restore_view), name=f"{name}_restore"),
+            *super().get_urls(),
+        ]
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        obj = self.get_object(request, object_id)
+        operations = _operations(self.admin_site.name, obj) if obj and self.has_change_permission(request, obj) else []
+        return super().change_view(request, object_id, form_url, {**(extra_context or {}), "rl_operations": operations})
+
+    def _one(self, request: HttpRequest, object_id: str) -> tuple[QuerySet[Resource], str]:
+        """The resource of an operation's page as a queryset, and its change page's URL."""
+        obj = self.get_object(request, object_id)
+        if obj is None:
+            raise Http404(f"no resource {object_id!r}")
+        if not self.has_change_permission(request, obj):
+            raise PermissionDenied
+        change = reverse(f"{self.admin_site.name}:resource_lease_resource_change", args=[obj.pk])
+        return Resource.objects.using(obj._state.db).filter(pk=obj.pk), change
+
+    def force_release_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return self._button(request, object_id, pool.force_release, "Force-released", "had no live lease")
+
+    def restore_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return self._button(request, object_id, pool.restore, "Restored", "were not quarantined")
+
+    def _button(self, request: HttpRequest, object_id: str, operation: Any, done: str, why: str) -> HttpResponse:
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        queryset, change = self._one(request, object_id)
+        self._apply(request, queryset, operation, done, why)
+        return HttpResponseRedirect(change)
+
+    def quarantine_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        queryset, change = self._one(request, object_id)
+        response = self._quarantine(request, queryset, change)
+        return HttpResponseRedirect(change) if response is None else response
+
+
+def _operations(site: str, obj: Resource) -> list[dict[str, Any]]:
+    """The buttons of a resource's page: force release while it is leased, quarantine, and
+    restore while it is quarantined."""
+    state = getattr(obj, "state", "")
+    url = lambda op: reverse(f"{site}:resource_lease_resource_{op}", args=[obj.pk])  # noqa: E731
+    operations = []
+    if state in (pool.HELD, pool.EXPIRED) or (state == pool.QUARANTINED and current_holder(obj)):
+        help_text = "free it now; the holder's next renewal fails"
+        operations.append({"label": "Force release", "url": url("force_release"), "post": True, "help": help_text})
+    operations.append(
+        {"label": "Quarantine…", "url": url("quarantine"), "post": False, "help": "out of service, with a reason"}
+    )
+    if obj.quarantined_until is not None:
+        operations.append({"label": "Restore", "url": url("restore"), "post": True, "help": "end the quarantine now"})
+    return operations
+
+
+def _state_with_time_left(obj: Resource) -> str:
+    """A lease's state badge, and under it how long it has left (the list has no column for it)."""
+    state = obj.state  # type: ignore[attr-defined]
+    left = format_duration(getattr(obj, "time_left", None))
+    if state == pool.HELD and left:
+        return format_html('{}<div class="rl-note rl-time">{} left</div>', badge(state), left)
+    return badge(state)
+
 
 def _default_duration() -> int:
     seconds = int(float(lease_settings.QUARANTINE_SECONDS))
     return seconds if seconds in dict(QUARANTINE_CHOICES) else 60 * 60
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Pages that only show what machines write: nothing to add, change or delete."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-@admin.register(PoolOverview)
-class PoolOverviewAdmin(ReadOnlyAdmin):
-    """The overview page: per kind, how many resources are free, held, quarantined, and
-    how busy the pool is; and the latest lease events. Visible to whoever may view resources."""
-
-    class Media:
-        css = CSS
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        opts = Resource._meta
-        return any(
-            request.user.has_perm(f"{opts.app_label}.{action}_{opts.model_name}") for action in ("view", "change")
-        )
-
-    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        if not self.has_view_permission(request):
-            raise PermissionDenied
-        resources_url = reverse(f"{self.admin_site.name}:resource_lease_resource_changelist")
-        kinds = []
-        totals = dict.fromkeys((*pool.STATES, "total"), 0)
-        for kind, states in pool.counts(Resource.objects.pools()).items():
-            for key, value in states.items():
-                totals[key] += value
-            kinds.append(_overview_row(kind, states, resources_url))
-        context = {
-            **self.admin_site.each_context(request),
-            **(extra_context or {}),
-            "title": "Pool overview",
-            "opts": self.model._meta,
-            "kinds": kinds,
-            "totals": _overview_row("all kinds", totals, resources_url, link_kind=False) if len(kinds) > 1 else None,
-            "events": list(LeaseEvent.objects.order_by("-at", "-id")[:25]),
-            "events_url": reverse(f"{self.admin_site.name}:resource_lease_leaseevent_changelist"),
-            "audit_on": bool(lease_settings.AUDIT),
-            "resources_url": resources_url,
-            "database_now": database_time(Resource.objects.db),
-            "media": self.media,
-        }
-        return TemplateResponse(request, "admin/resource_lease/pooloverview/overview.html", context)
-
-
-def _overview_row(kind: str, states: dict[str, int], resources_url: str, *, link_kind: bool = True) -> dict[str, Any]:
-    # Utilisation: the share of the resources in service (neither quarantined nor disabled)
-    # that are leased now.
-    in_service = states["total"] - states[pool.QUARANTINED] - states[pool.DISABLED]
-    utilisation = round(100 * states[pool.HELD] / in_service) if in_service else None
-
-    def link(state: str | None) -> str:
-        query: dict[str, str] = {}
-        if link_kind:
-            query["kind__exact"] = kind
-        if state:
-            query["state"] = state
-        return f"{resources_url}?{urlencode(query)}" if query else resources_url
-
-    return {
-        "kind": kind,
-        "link": link(None),
-        "cells": [(states[state], link(state), state) for state in (*pool.STATES,)],
-        "total": states["total"],
-        "utilisation": utilisation,
-    }
-
-
-@admin.register(LeaseEvent)
-class LeaseEventAdmin(ReadOnlyAdmin):
-    """The audit trail, read-only (``manage.py prune_lease_events`` deletes old entries)."""
-
-    list_display = ("at", "event_badge", "kind", "name", "holder", "fence", "previous_holder", "actor", "detail")
-    # No filter by kind: listing the kinds would scan the whole (long) trail on every page.
-    list_filter = ("event",)
-    search_fields = ("kind", "name", "holder", "actor")
-    list_per_page = 100
-    # Counting a long trail on every page is slow; the paginator shows "more" instead.
-    show_full_result_count = False
-
-    class Media:
-        css = CSS
-
-    @admin.display(description="event", ordering="event")
-    def event_badge(self, obj: LeaseEvent) -> str:
-        return _badge(obj.event, capfirst(obj.get_event_display()))

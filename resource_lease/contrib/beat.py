@@ -5,7 +5,8 @@
 
 Run beat on every server. Each one campaigns in an ``Election`` (the database's row
 ``@election``/``celery-beat:<app name>``); the leader sends the due tasks, the others stand by
-and try again at least every second. The schedule's last-run times are the leadership's
+and try again at least every second; a beat standing by logs so, naming who leads (at once,
+then whenever the leader changes). The schedule's last-run times are the leadership's
 hand-over state: the leader stores an entry's new last-run time (a fenced write) *before*
 sending it, and a new leader starts from the stored times. So a new leader neither sends
 again what the old one sent, nor skips what fell due while nobody led: that is sent as soon
@@ -54,11 +55,15 @@ class LeaderScheduler(Scheduler):
 
     #: Longest pause (seconds) between two attempts of a beat that is not the leader.
     standby_interval = 1.0
+    #: Seconds between two looks, by a standing-by beat, at who leads (logged when it changes).
+    standby_report_interval = 30.0
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         self.election: Election | None = None
         self._leading: Lease | None = None
         self._retry_at = 0.0
+        self._next_report = 0.0
+        self._reported: tuple[str | None] | None = None
         super().__init__(app, *args, **kwargs)
 
     # -- set-up ------------------------------------------------------------------------
@@ -110,15 +115,41 @@ class LeaderScheduler(Scheduler):
             except LeaseLost as exc:
                 logger.warning("beat: no longer the leader of %r: %s", self.election.name, exc)
                 self._leading = None
+                self._reported = None
         try:
             lease = self.election._grant_once(auto_renew=True)
         except LeaseError as exc:
             logger.warning("beat: campaigning for %r failed: %s", self.election.name, exc)
             return False
         if lease is None:
+            self._standing_by()
             return False
+        self._reported = None
         self._take_over(lease)
         return True
+
+    def _standing_by(self) -> None:
+        """Say that this beat stands by and who leads: at once, then when the leader changes
+        (looked at every ``standby_report_interval`` seconds, one indexed read)."""
+        assert self.election is not None
+        now = time.monotonic()
+        if self._reported is not None and now < self._next_report:
+            return
+        self._next_report = now + self.standby_report_interval
+        try:
+            leader = self.election.leader()
+        except LeaseError as exc:
+            logger.warning("beat: reading who leads %r failed: %s", self.election.name, exc)
+            return
+        if self._reported == (leader,):
+            return
+        self._reported = (leader,)
+        logger.info(
+            "beat: standing by: %s leads %r; this beat (%s) sends nothing until it leads",
+            leader if leader is not None else "nobody (the leadership is changing hands)",
+            self.election.name,
+            self.election.holder,
+        )
 
     def _take_over(self, lease: Lease) -> None:
         """Start from the schedule the previous leader stored, and store it at once (with

@@ -31,7 +31,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from celery import Task
 
 from resource_lease.exceptions import LeaseDatabaseError, NoResourceAvailable
-from resource_lease.validation import check_alias, check_kind, check_seconds, check_timeout
+from resource_lease.validation import (
+    check_alias,
+    check_kind,
+    check_priority,
+    check_seconds,
+    check_timeout,
+    check_where,
+)
 
 if TYPE_CHECKING:
     from resource_lease.lease import Lease
@@ -57,6 +64,19 @@ class LeaseTask(Task):
       random between half of that and all of it so waiting tasks spread out.
     - ``lease_retry_countdown_max``: the ceiling of that countdown.
     - ``lease_using``: the database alias; default ``RESOURCE_LEASE["DATABASE"]``.
+    - ``lease_where``: keys and values the resource's ``data`` must have, as
+      ``acquire(where=...)`` (e.g. ``{"region": "eu"}``); default None.
+    - ``lease_priority``: place among the waiters when ``lease_timeout`` waits in line, as
+      ``acquire(priority=...)``; default 0.
+    - ``lease_lock_delay``: seconds the resource stays ungranted after this task's lease
+      expired unreleased (its worker died), as ``acquire(lock_delay=...)``; default 0.
+    - ``lease_quarantine_seconds``: how long a resource ``lease_is_valid`` refuses stays out
+      of service; default ``RESOURCE_LEASE["QUARANTINE_SECONDS"]``.
+
+    Override ``lease_is_valid(lease)`` (or pass ``lease_is_valid=function`` to ``@app.task``)
+    to check a resource before the body runs, as ``ResourceHolder.is_valid`` does: False
+    quarantines it (unless the hook called ``lease.quarantine(reason, seconds)`` itself, with
+    its own reason) and another is leased in its place.
     - ``max_retries``: Celery's own limit, shared with retries the body asks for
       (``None`` retries for ever).
     """
@@ -67,6 +87,10 @@ class LeaseTask(Task):
     lease_retry_countdown: ClassVar[float] = 1.0
     lease_retry_countdown_max: ClassVar[float] = 30.0
     lease_using: ClassVar[str | None] = None
+    lease_where: ClassVar[dict[str, Any] | None] = None
+    lease_priority: ClassVar[int] = 0
+    lease_quarantine_seconds: ClassVar[float | None] = None
+    lease_lock_delay: ClassVar[float] = 0.0
 
     _lease_options: ClassVar[frozenset[str]] = frozenset(
         {
@@ -76,6 +100,10 @@ class LeaseTask(Task):
             "lease_retry_countdown",
             "lease_retry_countdown_max",
             "lease_using",
+            "lease_where",
+            "lease_priority",
+            "lease_quarantine_seconds",
+            "lease_lock_delay",
         }
     )
 
@@ -112,6 +140,15 @@ class LeaseTask(Task):
             self._give_back(leases[-1])
         return super().retry(*args, **kwargs)
 
+    def lease_is_valid(self, lease: Lease) -> bool:
+        """Whether the leased resource works, checked before the body runs (default: True).
+
+        False: it is quarantined for ``lease_quarantine_seconds`` and another is leased in
+        its place (the hook may call ``lease.quarantine(reason, seconds)`` itself to record
+        its own reason). An exception releases the resource and fails the task, so a bug in
+        the check cannot quarantine the whole pool."""
+        return True
+
     def lease_retry_delay(self, retries: int) -> float:
         """Seconds to wait before retry number ``retries + 1`` of a task that found none free."""
         ceiling = min(
@@ -143,15 +180,22 @@ class LeaseTask(Task):
         request = self.request
         task_id = request.id or "called-directly"
         try:
-            return acquire(
-                kind,
-                ttl=self.lease_ttl,
-                timeout=self.lease_timeout,
-                holder=f"{default_holder()} task {task_id}"[:255],
-                using=using,
-                auto_renew=True,
-                on_lost=functools.partial(_log_loss, self.name, task_id),
-            )
+            while True:
+                lease = acquire(
+                    kind,
+                    ttl=self.lease_ttl,
+                    timeout=self.lease_timeout,
+                    holder=f"{default_holder()} task {task_id}"[:255],
+                    using=using,
+                    auto_renew=True,
+                    on_lost=functools.partial(_log_loss, self.name, task_id),
+                    where=self.lease_where,
+                    priority=self.lease_priority,
+                    lock_delay=self.lease_lock_delay,
+                )
+                if self._checks_out(lease, task_id):
+                    return lease
+                # Quarantined: the next one now (each refusal takes one out of the pool).
         except NoResourceAvailable as exc:
             if not exc.exists or request.called_directly:
                 raise  # nothing to wait for (a misconfiguration must fail loudly), or no worker
@@ -172,6 +216,20 @@ class LeaseTask(Task):
                 # apply() re-runs a retry at once: wait here, or it would spin.
                 time.sleep(countdown)
             raise self.retry(exc=exc, countdown=countdown) from None
+
+    def _checks_out(self, lease: Lease, task_id: str) -> bool:
+        """Ask ``lease_is_valid``; quarantine (and give back) the resource when it says no."""
+        try:
+            ok = self.lease_is_valid(lease)
+        except BaseException:
+            self._give_back(lease)
+            raise
+        if ok:
+            return True
+        if not lease.released:  # the hook did not quarantine it with its own reason
+            lease.quarantine(f"{self.name}: lease_is_valid() returned False", self.lease_quarantine_seconds)
+        logger.warning("%s[%s]: %s failed lease_is_valid(); leasing another", self.name, task_id, lease.resource)
+        return False
 
     def _give_back(self, lease: Lease) -> None:
         try:
@@ -204,12 +262,17 @@ def _validate_options(cls: type[LeaseTask]) -> None:
     if cls.lease_ttl is not None:
         check_seconds(cls.lease_ttl, "lease_ttl")
     check_timeout(cls.lease_timeout, "lease_timeout")
+    if cls.lease_quarantine_seconds is not None:
+        check_seconds(cls.lease_quarantine_seconds, "lease_quarantine_seconds")
     countdown = check_seconds(cls.lease_retry_countdown, "lease_retry_countdown")
     ceiling = check_seconds(cls.lease_retry_countdown_max, "lease_retry_countdown_max")
     if ceiling < countdown:
         raise ValueError(f"lease_retry_countdown_max must be >= lease_retry_countdown ({countdown:g}), got {ceiling!r}")
     if cls.lease_using is not None and (not isinstance(cls.lease_using, str) or not cls.lease_using):
         raise ValueError(f"lease_using must be a database alias or None, got {cls.lease_using!r}")
+    check_where(cls.lease_where, "lease_where")
+    check_priority(cls.lease_priority, "lease_priority")
+    check_seconds(cls.lease_lock_delay, "lease_lock_delay", allow_zero=True)
     retries = getattr(cls, "max_retries", None)
     if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int) or retries < 0):
         raise ValueError(f"max_retries must be an integer >= 0 or None, got {retries!r}")

@@ -17,9 +17,14 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 from django.db.models.base import DEFERRED
 
+from resource_lease.db import counters as counter_sql
+from resource_lease.db import dispenser as item_sql
 from resource_lease.db import statements
+from resource_lease.db import terms as term_sql
+from resource_lease.db import topics as topic_sql
+from resource_lease.db.grants import GrantStatements
 from resource_lease.db.statements import Returning
-from resource_lease.models import NEVER, Resource
+from resource_lease.models import NEVER, Resource, Waiter
 
 Row = Sequence[Any]
 
@@ -38,7 +43,7 @@ class Failure(Enum):
     FATAL = "fatal"
 
 
-class Dialect:
+class Dialect(GrantStatements):
     """The lease statements for one vendor.
 
     The statements are the named templates of ``resource_lease.db.statements``, rendered once
@@ -60,10 +65,24 @@ class Dialect:
     index_hint = ""
     #: ``INSERT ... <this>``: a row whose (kind, name) exists already is kept as it is.
     on_conflict_keep = "ON CONFLICT (kind, name) DO NOTHING"
-    #: The statements by name (``statements.TEMPLATES``); a vendor adds its ACQUIRE_SCAN.
+    #: The dialect's statement sets, each rendered into ``self.sql``: the lease statements by
+    #: name (``statements.TEMPLATES``; a vendor adds its ACQUIRE_SCAN), the dispenser's
+    #: (``db/dispenser.py``), the topics' and configs' (``db/topics.py``), the counters'
+    #: (``db/counters.py``) and the leadership log's (``db/terms.py``).
     templates: dict[str, str | Returning] = statements.TEMPLATES
+    item_templates: dict[str, str] = item_sql.TEMPLATES
+    topic_templates: dict[str, str] = topic_sql.TEMPLATES
+    counter_templates: dict[str, str] = counter_sql.TEMPLATES
+    term_templates: dict[str, str] = term_sql.TEMPLATES
     #: How an UPDATE hands back the row it changed (``statements.Returning``).
     returning_template = statements.RETURNING
+    #: A named parameter (the dispenser's and topics' statements), and a JSON parameter as
+    #: the vendor stores it.
+    named_placeholder = "%({})s"
+    json_cast = "{}"
+    #: The NOTIFY channel a release wakes the line's waiters on ('': this vendor cannot push;
+    #: the waiters look).
+    line_channel = ""
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         qn = connection.ops.quote_name
@@ -79,8 +98,29 @@ class Dialect:
         ]
         self._datetime_converters = self._converters_for(connection, meta.get_field("busy_before"))
         self.connection = connection
-        #: Every statement, rendered once: the methods below only look them up.
-        self.sql = statements.render(self.templates, self.pieces(), self.returning_template)
+        self.waiters = qn(Waiter._meta.db_table)
+        #: Every statement rendered once. Lease statements in four ``forms[in_line, filtered]``
+        #: (LINE_CLEAR or UNMARKED; a ``where=`` or not); ``sql``: the line form, no filter.
+        pieces = self.pieces()
+        checks = statements.render({name: self.templates[name] for name in ("UNMARKED", "LINE_CLEAR")}, pieces)
+        self.forms: dict[tuple[bool, bool], dict[str, str]] = {
+            (in_line, filtered): statements.render(
+                self.templates,
+                {
+                    **pieces,
+                    "line_check": checks["LINE_CLEAR" if in_line else "UNMARKED"],
+                    "own_filter": " AND " + pieces["param_matches"] if filtered else "",
+                },
+                self.returning_template,
+            )
+            for in_line in (True, False)
+            for filtered in (False, True)
+        }
+        self.sql = dict(self.forms[True, False])
+        self.sql.update(statements.render(self.item_templates, item_sql.pieces(self)))
+        self.sql.update(statements.render(self.topic_templates, topic_sql.pieces(self)))
+        self.sql.update(statements.render(self.counter_templates, counter_sql.pieces(self)))
+        self.sql.update(statements.render(self.term_templates, term_sql.pieces(self)))
         # The conditions and the SET list on their own (tests, tests/procs).
         self.ours = self.sql["OURS"]
         self.free = self.sql["FREE"]
@@ -95,17 +135,54 @@ class Dialect:
             "p": self.placeholder,
             "now": self.now_sql,
             "expiry": self.expiry_sql(),
+            "delay_end": self.delay_end_sql(),
             "true": self.true,
             "false": self.false,
             "index_hint": self.index_hint,
             "on_conflict_keep": self.on_conflict_keep,
+            "waiters": self.waiters,
+            "json_param": self.json_cast.format(self.placeholder),
+            "waiter_matches": self.matches_sql("w.filter", f"{self.table}.data"),
+            "param_matches": self.matches_sql(self.json_cast.format(self.placeholder), f"{self.table}.data"),
         }
 
     # -- vendor pieces ---------------------------------------------------------------
 
-    def expiry_sql(self) -> str:
-        """``now + ttl`` where the ttl (seconds, a float) is the statement's next parameter."""
+    def expiry_sql(self, placeholder: str | None = None) -> str:
+        """``now + ttl`` where the ttl (seconds, a float) is the statement's next parameter
+        (or the named ``placeholder``)."""
         raise NotImplementedError
+
+    def delay_end_sql(self) -> str:
+        """``busy_before`` plus the row's ``lock_delay`` seconds (a float column), as an SQL
+        expression comparable with ``now_sql``."""
+        raise NotImplementedError
+
+    def claim_statement(self, name: str) -> str:
+        """The name of the dispenser's claim statement ``name`` on this server (MySQL without
+        SKIP LOCKED has another)."""
+        return name
+
+    def run_bump(self, cursor: Any, sql: str, params: dict[str, Any]) -> int:
+        """Run an upsert that raises a version and answers the new one (``db/topics.py``)."""
+        cursor.execute(sql, params)
+        # Every row: SQLite ends the statement (and its lock) only then (docs/pitfalls.md#sqlite).
+        rows = cursor.fetchall()
+        return int(rows[0][0])
+
+    def run_add(self, cursor: Any, sql: str, params: dict[str, Any]) -> int | None:
+        """Run a counter's upsert (``db/counters.py``): the new value, or None if the sum
+        would leave BIGINT (nothing changed)."""
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()  # every row: SQLite ends the statement only then
+        return int(rows[0][0]) if rows else None
+
+    def run_conditional(self, cursor: Any, sql: str, params: dict[str, Any]) -> bool:
+        """Run a conditional write of one row (``CONFIG_CAS``): whether it matched."""
+        cursor.execute(sql, params)
+        if cursor.description is not None:  # PostgreSQL's form selects the changed row
+            return len(cursor.fetchall()) == 1
+        return bool(cursor.rowcount == 1)
 
     def ttl_param(self, ttl: float) -> Any:
         return ttl
@@ -146,64 +223,12 @@ class Dialect:
 
     # -- statements ------------------------------------------------------------------
 
-    def acquire(self, cursor: Any, *, kind: str, holder: str, token: str, ttl: float) -> Row | None:
-        """Grant any free resource of ``kind`` in one conditional statement (the vendor's
-        ACQUIRE_SCAN); return its row."""
-        return self.returning_row(
-            cursor, self.sql["ACQUIRE_SCAN"], (holder, token, self.ttl_param(ttl), kind), read_params=(token,)
-        )
-
-    def free_rows(self, cursor: Any, *, kind: str, limit: int) -> tuple[list[Row], Any]:
-        """Up to ``limit`` rows of ``kind`` free now (in no promised order), and the
-        database's clock when they were read (raw): the sample ``acquire()`` probes (a hint
-        only: every grant re-checks its row)."""
-        cursor.execute(statements.fill(self.sql["FREE_ROWS"], limit=str(int(limit))), (kind,))
-        rows = cursor.fetchall()
-        if not rows:
-            cursor.execute(self.sql["READ_CLOCK"])
-            return [], cursor.fetchall()[0][0]
-        return [row[:-1] for row in rows], rows[0][-1]
-
-    def grant_sampled(
-        self, cursor: Any, *, sampled: Row, kind: str, holder: str, token: str, ttl: float, clock: Any
-    ) -> Row | None:
-        """Grant the sampled row if it is free (``grant``); its row as granted.
-
-        ``sampled`` is the row as the sample read it and ``clock`` estimates the database's
-        clock now (``Clock``); a vendor whose grant cannot return the row cheaply may build
-        it from them (MySQL), anything that decides the grant stays in the statement."""
-        return self.grant(cursor, pk=sampled[0], kind=kind, holder=holder, token=token, ttl=ttl)
-
-    def grant(self, cursor: Any, *, pk: int, kind: str, holder: str, token: str, ttl: float) -> Row | None:
-        """Grant one chosen resource (the holder's lock step) if it is free; return its row.
-
-        The same SET list as ``acquire`` (fence + 1, holder, token, expiry by the database's
-        clock), conditional on the row being free; the matched-row count decides a race
-        between callers that chose the same row.
-        """
-        return self.returning_row(
-            cursor, self.sql["GRANT_BY_ID"], (holder, token, self.ttl_param(ttl), pk, kind), read_params=(pk, token)
-        )
-
     def renew(self, cursor: Any, *, pk: int, holder: str, fence: int, ttl: float) -> dt.datetime | None:
         """Extend a live grant of ours; return the new expiry, or None if it is not ours."""
         row = self.returning_row(
             cursor, self.sql["RENEW"], (self.ttl_param(ttl), pk, holder, fence), read_params=(pk, fence)
         )
         return None if row is None else self.to_datetime(row[0])
-
-    def grant_named(self, cursor: Any, *, kind: str, name: str, holder: str, token: str, ttl: float) -> Row | None:
-        """Grant the row (kind, name) if it is free; return its row (locks, elections, members).
-
-        The same SET list and free condition as ``acquire``; the unique (kind, name) index
-        finds the row, and the matched-row count decides the race.
-        """
-        return self.returning_row(
-            cursor,
-            self.sql["GRANT_BY_NAME"],
-            (holder, token, self.ttl_param(ttl), name, kind),
-            read_params=(kind, name, token),
-        )
 
     def limit_slots(self, cursor: Any, *, kind: str, below: str) -> int:
         """Enable the rows of ``kind`` whose name sorts before ``below`` and disable the others
@@ -254,18 +279,9 @@ class Dialect:
         rows = cursor.fetchall()
         return rows[0] if rows else None
 
-    def update_returning(
-        self, cursor: Any, update: str, params: Sequence[Any], *, returning: str, read_back: tuple[str, Sequence[Any]]
-    ) -> Row | None:
-        """Run a single-row ``update`` written on the spot (tests); the ``returning`` columns of
-        the row it changed, or None if it matched none. Here ``UPDATE ... RETURNING``; a vendor
-        without it reads the row back by ``read_back`` (a WHERE clause and its parameters naming
-        that row; docs/pitfalls.md#no-returning)."""
-        where, read_params = read_back
-        sql = self.returning_template.format(update=update, returning=returning, read_back=where, table=self.table)
-        return self.returning_row(cursor, sql, params, read_params=read_params)
-
     def release(self, cursor: Any, *, pk: int, holder: str, fence: int) -> bool:
+        """Give a live grant of ours back; True if it was ours. Where the vendor can, the same
+        statement wakes the row's line (PostgreSQL: NOTIFY, when a live waiter is in it)."""
         cursor.execute(self.sql["RELEASE"], (pk, holder, fence))
         return bool(cursor.rowcount == 1)
 

@@ -23,17 +23,19 @@ import random
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import Error as DjangoDatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from resource_lease.conf import lease_settings
 from resource_lease.db import dialect_class
 from resource_lease.db.base import Dialect, Failure
-from resource_lease.exceptions import LeaseDatabaseError
-from resource_lease.picking import Picker
+from resource_lease.db.picking import Picker
+from resource_lease.exceptions import DatabaseUnavailable, LeaseDatabaseError
 
 logger = logging.getLogger("resource_lease")
 
@@ -83,12 +85,17 @@ class LeaseConnection:
         self._session_of: Any = None
         _live.add(self)
 
-    def cursor(self) -> Any:
+    def ensure(self) -> None:
+        """Open the connection (and set its session up) unless it is open already; nothing is
+        sent on an open one (a dead session is found by the statement that uses it)."""
         wrapper = self.wrapper
         if wrapper.connection is None or self._session_of is not wrapper.connection:
             self.dialect.connect(float(lease_settings.LOCK_WAIT_TIMEOUT))
             self._session_of = wrapper.connection
-        return wrapper.connection.cursor()
+
+    def cursor(self) -> Any:
+        self.ensure()
+        return self.wrapper.connection.cursor()
 
     def discard(self) -> None:
         """Forget a connection that failed; the next statement opens a new one."""
@@ -155,6 +162,15 @@ def close_connections() -> None:
     conns.clear()
 
 
+def close_every_connection() -> None:
+    """Close the lease connections of every thread of this process (tests, before their
+    database is dropped: the worker threads of async code keep theirs open). Only while none
+    of them runs a statement."""
+    for conn in list(_live):
+        if conn.pid == os.getpid():
+            conn.close()
+
+
 def _unwrap(exc: BaseException) -> BaseException:
     # Django wraps driver errors raised while connecting; the driver's error says why.
     cause = exc.__cause__
@@ -175,6 +191,18 @@ def run(alias: str, statement: Callable[[Dialect, Any], T], *, what: str) -> T:
     conn = lease_connection(alias)
     retries = int(lease_settings.TRANSIENT_RETRIES)
     for attempt in range(retries + 1):
+        try:
+            conn.ensure()
+        except Exception as exc:
+            # Not even connected: the statement was never sent, so there is no outcome to
+            # settle. Say so, rather than "lost the connection" (a server never reachable).
+            error = _unwrap(exc)
+            transient = conn.dialect.classify(error) is Failure.TRANSIENT
+            conn.discard()
+            if transient and attempt < retries:
+                time.sleep(random.uniform(0.0, 0.002 * 2**attempt))  # a Galera node not ready yet
+                continue
+            raise unavailable(alias, what, error) from exc
         try:
             cursor = conn.cursor()
             try:
@@ -202,11 +230,38 @@ def run(alias: str, statement: Callable[[Dialect, Any], T], *, what: str) -> T:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def unavailable(alias: str, what: str, error: BaseException) -> DatabaseUnavailable:
+    """The one error for a database that could not be connected to."""
+    return DatabaseUnavailable(f"cannot connect to database {alias!r} ({what}): {error}", alias=alias, what=what)
+
+
+def database_error(alias: str, what: str, exc: BaseException) -> LeaseDatabaseError:
+    """A Django database error raised on the alias's ordinary connection, as the engine's
+    error naming the alias: ``DatabaseUnavailable`` when that connection never opened (the
+    server is down, unreachable or refuses us), ``LeaseDatabaseError`` otherwise."""
+    if isinstance(exc, LeaseDatabaseError):
+        return exc
+    error = _unwrap(exc)
+    if connections[alias].connection is None:
+        return unavailable(alias, what, error)
+    return LeaseDatabaseError(f"{what} failed on database {alias!r}: {error}")
+
+
+@contextmanager
+def database_errors(alias: str, what: str) -> Iterator[None]:
+    """Raise the database errors of the ORM code inside as ``database_error`` does."""
+    try:
+        yield
+    except DjangoDatabaseError as exc:
+        raise database_error(alias, what, exc) from exc
+
+
 def run_repeatable(alias: str, statement: Callable[[Dialect, Any], T], *, what: str) -> T:
-    """``run`` for statements that are safe to repeat (renew, release, reads): one reconnect."""
+    """``run`` for statements that are safe to repeat (renew, release, reads): one reconnect
+    (also after a failed connect: a restarting server, another Galera node)."""
     try:
         return run(alias, statement, what=what)
-    except Disconnected:
+    except (Disconnected, DatabaseUnavailable):
         try:
             return run(alias, statement, what=what)
         except Disconnected as again:

@@ -7,7 +7,9 @@ backend counts the rows an UPDATE matched, not the rows it changed
 vendor has it, so concurrent assigns spread over the pending items instead of queueing on one
 (docs/pitfalls.md#index-locks).
 
-A claim writes a fresh random token on every row it takes; the assign then reads its rows
+The statements are named templates, written whole (as ``db/statements.py``'s), rendered once per
+vendor by the dialect into ``dialect.sql``; ``db/operations.py`` runs them. A claim writes a
+fresh random token on every row it takes; the assign then reads its rows
 back by that token. The same read settles an assign whose connection was lost during its
 commit (its outcome unknown: docs/pitfalls.md#unknown-outcome), and MySQL, which has no
 ``UPDATE ... RETURNING`` (docs/pitfalls.md#no-returning), needs no other path. Outcome
@@ -18,390 +20,271 @@ connection is settled by counting rows with that token.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 
-from resource_lease.db.base import Dialect
+if TYPE_CHECKING:
+    from resource_lease.db.base import Dialect
+
 from resource_lease.models import DispenserItem
 
 NEXT_INDEX = "resource_lease_item_next_idx"  # models.DispenserItem.Meta.indexes
 WORKER_INDEX = "resource_lease_item_worker_idx"
 
-#: A WHERE condition, given the prefix that qualifies its columns ("" or "r.").
-Where = Callable[[str], str]
+# The statements, each whole under its name (rendered per vendor by the dialect, as the lease
+# statements of ``db/statements.py`` are). Parameters are named: ``{p_worker}`` is the
+# parameter ``worker``. The pieces: ``{items}`` the item table, ``{now}`` the database's
+# clock, ``{claim_expiry}`` now + the parameter ``ttl``, ``{payload_json}`` /
+# ``{result_json}`` a JSON parameter as the vendor stores it, ``{regex}`` the vendor's full
+# match of a regular expression; filled per call: ``{pattern}`` (ITEM_PATTERN or nothing; its
+# ``_r`` and ``_plus`` forms), ``{key_filter}`` (ITEM_KEYS or nothing), ``{fence_filter}``
+# (ITEM_FENCES or nothing), ``{keys}``, ``{fences}``, ``{tokens}``, ``{token_order}``,
+# ``{ids}``, ``{rows}``: lists of placeholders of numbered parameters (``k0``, ``f0``, ...).
 
-#: Columns a claim reads back: id, key, payload, attempts, fence, expiry.
-CLAIM_COLUMNS = "id, item_key, payload, attempts, fence, expires_at"
+# -- fragments ----------------------------------------------------------------------------
 
+# A live claim, and one that expired (the item goes back to the pool, or fails).
+ITEM_LIVE = "state = 'assigned' AND expires_at > {now}"
+ITEM_EXPIRED = "state = 'assigned' AND expires_at <= {now}"
 
-class ItemStatements:
-    """The dispenser statements for one connection (SQLite's form; vendors override pieces)."""
+# The SET list of a claim of a pending or expired item: a new attempt, a new fence.
+ITEM_CLAIM_SET = (
+    "attempts = attempts + 1, fence = fence + 1, state = 'assigned', worker = {p_worker},"
+    " claim_token = {p_token}, expires_at = {claim_expiry}, claimed_at = {now}"
+)
+# The same in a multi-table UPDATE, whose columns are qualified by the updated table (r).
+ITEM_CLAIM_SET_R = (
+    "r.attempts = r.attempts + 1, r.fence = r.fence + 1, r.state = 'assigned', r.worker = {p_worker},"
+    " r.claim_token = {p_token}, r.expires_at = {claim_expiry}, r.claimed_at = {now}"
+)
 
-    #: How a pattern (a Python-style regular expression, anchored) is matched by the database.
-    regex_op = "REGEXP"
+# Only keys matching the pattern (a Python-style regular expression, anchored by the caller).
+ITEM_PATTERN = " AND item_key {regex} {p_pattern}"
+ITEM_PATTERN_R = " AND r.item_key {regex} {p_pattern}"
+ITEM_PATTERN_PLUS = " AND +item_key {regex} {p_pattern}"
 
-    def __init__(self, dialect: Dialect) -> None:
-        self.dialect = dialect
-        self.p = dialect.placeholder
-        self.now = now = dialect.now_sql
-        self.table = dialect.connection.ops.quote_name(DispenserItem._meta.db_table)
-        self.live = f"state = 'assigned' AND expires_at > {now}"
-        self.expired = f"state = 'assigned' AND expires_at <= {now}"
+# The items a claim may take: pending ones (oldest first), or expired claims with attempts
+# left (longest expired first). The order is the index's after its equality columns (never
+# "dispenser, state, ..."): MariaDB then reads the index in order and stops at n, instead of a
+# filesort that locks every pending item (docs/pitfalls.md#index-locks).
+ITEM_PENDING = "dispenser = {p_dispenser} AND state = 'pending'"
+ITEM_PENDING_R = "r.dispenser = {p_dispenser} AND r.state = 'pending'"
+ITEM_RETAKE = "dispenser = {p_dispenser} AND state = 'assigned' AND expires_at <= {now} AND attempts < {p_max_attempts}"
+ITEM_RETAKE_R = (
+    "r.dispenser = {p_dispenser} AND r.state = 'assigned' AND r.expires_at <= {now} AND r.attempts < {p_max_attempts}"
+)
 
-    def claim_set(self, q: str = "") -> str:
-        """The SET list of a claim of a pending or expired item (a new attempt, a new fence);
-        ``q`` qualifies the columns (``"r."``) in a multi-table UPDATE."""
-        p, now = self.p, self.now
-        return (
-            f"{q}attempts = {q}attempts + 1, {q}fence = {q}fence + 1, {q}state = 'assigned', {q}worker = {p},"
-            f" {q}claim_token = {p}, {q}expires_at = {self.dialect.expiry_sql()}, {q}claimed_at = {now}"
-        )
+# These keys are live claims of this worker ({keys}: one placeholder per key), and with these
+# fences ({fences}: WHEN key THEN fence, once per key).
+ITEM_OURS = "dispenser = {p_dispenser} AND worker = {p_worker} AND " + ITEM_LIVE
+ITEM_KEYS = " AND item_key IN ({keys})"
+ITEM_FENCES = " AND fence = CASE item_key {fences} END"
 
-    # -- vendor pieces ---------------------------------------------------------------
+# -- claims (SQLite's form: one writer at a time; the vendors below override the picks) -----
 
-    def json_param(self) -> str:
-        return self.p
+# Claim afresh the worker's own unfinished items: live claims, and expired ones no one retook
+# (an expired claim was an attempt: counted, unless attempts are used up). attempts is assigned
+# first: MySQL evaluates SET left to right with new values (docs/pitfalls.md#set-order).
+ITEMS_RECLAIM_OWN = (
+    "UPDATE {items} SET attempts = attempts + CASE WHEN expires_at <= {now} THEN 1 ELSE 0 END,"
+    " fence = fence + 1, claim_token = {p_token}, expires_at = {claim_expiry}, claimed_at = {now}"
+    " WHERE dispenser = {p_dispenser} AND worker = {p_worker} AND state = 'assigned'"
+    " AND (expires_at > {now} OR attempts < {p_max_attempts})"
+)
 
-    def insert_ignore(self, columns: str, values: str) -> str:
-        return f"INSERT INTO {self.table} ({columns}) VALUES {values} ON CONFLICT DO NOTHING"
+# Claim up to {p_n} items of a pick: the ids picked by the inner SELECT, the condition checked
+# again on each. The outer re-check is written with unary "+" (a no-op on the value) so that
+# the planner drives the UPDATE by the picked ids, not by a scan of the whole range.
+ITEMS_CLAIM_PENDING = (
+    "UPDATE {items} SET {item_claim_set}"
+    " WHERE id IN (SELECT id FROM {items} WHERE {item_pending}{pattern} ORDER BY expires_at, id LIMIT {p_n})"
+    " AND +dispenser = {p_dispenser} AND +state = 'pending'{pattern_plus}"
+)
+ITEMS_CLAIM_EXPIRED = (
+    "UPDATE {items} SET {item_claim_set}"
+    " WHERE id IN (SELECT id FROM {items} WHERE {item_retake}{pattern} ORDER BY expires_at, id LIMIT {p_n})"
+    " AND +dispenser = {p_dispenser} AND +state = 'assigned' AND +expires_at <= {now}"
+    " AND +attempts < {p_max_attempts}{pattern_plus}"
+)
 
-    def pick_and_claim(self, where: Where, order: str) -> str:
-        """UPDATE claiming at most n rows matching ``where`` (first n by ``order``); its
-        parameters come from ``pick_params``."""
-        # The outer re-check is written with unary "+" (a no-op on the value) so that the
-        # planner drives the UPDATE by the picked ids, not by a scan of the whole range.
-        return (
-            f"UPDATE {self.table} SET {self.claim_set()}"
-            f" WHERE id IN (SELECT id FROM {self.table} WHERE {where('')} ORDER BY {order} LIMIT {self.p})"
-            f" AND {where('+')}"
-        )
+# Mark failed the items whose last claim expired with no attempts left.
+ITEMS_FAIL_EXPIRED = (
+    "UPDATE {items} SET state = 'failed', finished_at = {now}, expires_at = NULL, error = {p_error}"
+    " WHERE dispenser = {p_dispenser} AND {item_expired} AND attempts >= {p_max_attempts}"
+)
 
-    def pick_params(self, claim: Sequence[Any], where: Sequence[Any], n: int) -> list[Any]:
-        # SQLite: the where is repeated outside the subquery (same single writer, but cheap).
-        return [*claim, *where, n, *where]
+# The live items claimed under these tokens, in the tokens' order, each oldest first: what an
+# assign hands out, and how an assign whose answer was lost is settled
+# (docs/pitfalls.md#unknown-outcome).
+ITEMS_CLAIMED = (
+    "SELECT id, item_key, payload, attempts, fence, expires_at FROM {items}"
+    " WHERE dispenser = {p_dispenser} AND worker = {p_worker} AND {item_live}"
+    " AND claim_token IN ({tokens}) ORDER BY CASE claim_token {token_order} END, id"
+)
 
-    # -- claims ----------------------------------------------------------------------
+# -- a worker's live claims ({key_filter}: ITEM_KEYS or nothing; {fence_filter}: ITEM_FENCES or nothing) --
 
-    def _pattern(self, pattern: str | None) -> tuple[Where, list[Any]]:
-        if pattern is None:
-            return (lambda q: ""), []
-        return (lambda q: f" AND {q}item_key {self.regex_op} {self.p}"), [f"^(?:{pattern})$"]
+# Each outcome writes its own token, so a count lost with the connection is settled by
+# counting the rows that carry it (ITEMS_COUNT_TOKEN).
+ITEMS_DONE = (
+    "UPDATE {items} SET state = 'done', result = {result_json}, error = '', finished_at = {now},"
+    " expires_at = NULL, claim_token = {p_token} WHERE {item_ours}{key_filter}{fence_filter}"
+)
+# Back to the pool, or failed once the attempts are used up.
+ITEMS_FAIL = (
+    "UPDATE {items} SET finished_at = CASE WHEN attempts >= {p_max_attempts} THEN {now} ELSE NULL END,"
+    " state = CASE WHEN attempts >= {p_max_attempts} THEN 'failed' ELSE 'pending' END,"
+    " error = {p_error}, expires_at = NULL, claim_token = {p_token} WHERE {item_ours}{key_filter}{fence_filter}"
+)
+# Back to the pool; a claim given back unworked is not counted as an attempt.
+ITEMS_RELEASE = (
+    "UPDATE {items} SET state = 'pending', expires_at = NULL,"
+    " attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END, claim_token = {p_token}"
+    " WHERE {item_ours}{key_filter}{fence_filter}"
+)
+ITEMS_COUNT_TOKEN = (
+    "SELECT COUNT(*) FROM {items} WHERE dispenser = {p_dispenser} AND worker = {p_worker} AND claim_token = {p_token}"
+)
+ITEMS_RENEW = "UPDATE {items} SET expires_at = {claim_expiry} WHERE {item_ours}{key_filter}{fence_filter}"
+ITEMS_LIVE_CLAIMS = "SELECT item_key, fence FROM {items} WHERE {item_ours}"
 
-    def reclaim_own(
-        self, cursor: Any, *, dispenser: str, worker: str, token: str, ttl: float, max_attempts: int
-    ) -> int:
-        """Claim afresh the worker's own unfinished items: live claims, and expired ones no one
-        retook (an expired claim was an attempt: counted, unless attempts are used up)."""
-        p, now = self.p, self.now
-        # attempts is assigned first: MySQL evaluates SET left to right with new values
-        # (see docs/pitfalls.md#set-order).
-        cursor.execute(
-            f"UPDATE {self.table} SET attempts = attempts + CASE WHEN expires_at <= {now} THEN 1 ELSE 0 END,"
-            f" fence = fence + 1, claim_token = {p}, expires_at = {self.dialect.expiry_sql()}, claimed_at = {now}"
-            f" WHERE dispenser = {p} AND worker = {p} AND state = 'assigned'"
-            f" AND (expires_at > {now} OR attempts < {p})",
-            (token, self.dialect.ttl_param(ttl), dispenser, worker, max_attempts),
-        )
-        return int(cursor.rowcount)
+# -- the pool ----------------------------------------------------------------------------------
 
-    def claim_pending(
-        self, cursor: Any, *, dispenser: str, worker: str, token: str, ttl: float, n: int, pattern: str | None
-    ) -> int:
-        """Claim up to n pending items, oldest first.
+# Insert the items whose keys are new ({rows}: ITEM_ROW once per item, its {row_key} and
+# {row_payload} the item's numbered parameters: key0, payload0, ...), keeping every existing
+# key as it is.
+ITEM_ROW = "({p_dispenser}, {row_key}, {row_payload}, 'pending', '', 0, '', 0, '', {now})"
+ITEMS_PUT = (
+    "INSERT INTO {items} (dispenser, item_key, payload, state, worker, fence, claim_token, attempts, error,"
+    " created_at) VALUES {rows} ON CONFLICT DO NOTHING"
+)
+# Queue one key afresh (attempts reset) with this payload, unless it is claimed now.
+ITEMS_REQUEUE = (
+    "UPDATE {items} SET state = 'pending', payload = {payload_json}, attempts = 0, error = '',"
+    " result = NULL, finished_at = NULL, expires_at = NULL"
+    " WHERE dispenser = {p_dispenser} AND item_key = {p_key} AND (state <> 'assigned' OR expires_at <= {now})"
+)
+# Queue failed items (all, or those of {key_filter}) again with attempts reset.
+ITEMS_RETRY_FAILED = (
+    "UPDATE {items} SET state = 'pending', attempts = 0, finished_at = NULL, expires_at = NULL"
+    " WHERE dispenser = {p_dispenser} AND state = 'failed'{key_filter}"
+)
+# Delete these items ({ids}) if they are pending (or their claim expired).
+ITEMS_DELETE_UNCLAIMED = (
+    "DELETE FROM {items} WHERE dispenser = {p_dispenser} AND id IN ({ids}) AND (state = 'pending' OR {item_expired})"
+)
+# What recreate() reads: every pending or expired-claim item (id, key), and for some keys
+# their state, payload and whether they are claimed live now.
+ITEMS_UNCLAIMED = (
+    "SELECT id, item_key FROM {items} WHERE dispenser = {p_dispenser} AND (state = 'pending' OR {item_expired})"
+)
+ITEMS_BY_KEY = (
+    "SELECT item_key, state, payload, CASE WHEN {item_live} THEN 1 ELSE 0 END FROM {items}"
+    " WHERE dispenser = {p_dispenser} AND item_key IN ({keys})"
+)
+# The unfinished items (pending or assigned), and how many of them a worker's pattern matches
+# ({matching}: ITEM_MATCHING, or 1 without a pattern): what it could still claim, now or once
+# another worker's claim expires (its run(until_empty=True) stops when none).
+ITEM_MATCHING = "CASE WHEN item_key {regex} {p_pattern} THEN 1 ELSE 0 END"
+ITEMS_UNFINISHED = (
+    "SELECT COUNT(*), COALESCE(SUM({matching}), 0) FROM {items}"
+    " WHERE dispenser = {p_dispenser} AND state IN ('pending', 'assigned')"
+)
+# Which of these keys are finished (done or failed): a FolderWorker tidies their files.
+ITEMS_FINISHED = (
+    "SELECT item_key, state FROM {items} WHERE dispenser = {p_dispenser} AND item_key IN ({keys})"
+    " AND state IN ('done', 'failed')"
+)
 
-        The order is the index's after its equality columns (never "dispenser, state, ..."):
-        MariaDB then reads the index in order and stops at n, instead of a filesort that
-        locks every pending item (see docs/pitfalls.md#index-locks).
-        """
-        pat, pat_params = self._pattern(pattern)
-        sql = self.pick_and_claim(
-            lambda q: f"{q}dispenser = {self.p} AND {q}state = 'pending'{pat(q)}", "expires_at, id"
-        )
-        claim = (worker, token, self.dialect.ttl_param(ttl))
-        cursor.execute(sql, self.pick_params(claim, [dispenser, *pat_params], n))
-        return int(cursor.rowcount)
+#: The statements every vendor renders, in order (a template may use the ones before it).
+TEMPLATES: dict[str, str] = {
+    name: value for name, value in dict(globals()).items() if name.startswith(("ITEM_", "ITEMS_"))
+}
 
-    def claim_expired(
-        self,
-        cursor: Any,
-        *,
-        dispenser: str,
-        worker: str,
-        token: str,
-        ttl: float,
-        n: int,
-        pattern: str | None,
-        max_attempts: int,
-    ) -> int:
-        """Claim up to n items whose claim expired with attempts left, longest expired first."""
-        pat, pat_params = self._pattern(pattern)
-        p, now = self.p, self.now
-        sql = self.pick_and_claim(
-            lambda q: (
-                f"{q}dispenser = {p} AND {q}state = 'assigned' AND {q}expires_at <= {now} AND {q}attempts < {p}{pat(q)}"
-            ),
-            "expires_at, id",
-        )
-        claim = (worker, token, self.dialect.ttl_param(ttl))
-        cursor.execute(sql, self.pick_params(claim, [dispenser, max_attempts, *pat_params], n))
-        return int(cursor.rowcount)
+# -- PostgreSQL ----------------------------------------------------------------------------
 
-    def fail_expired(self, cursor: Any, *, dispenser: str, max_attempts: int) -> int:
-        """Mark failed the items whose last claim expired with no attempts left."""
-        p, now = self.p, self.now
-        cursor.execute(
-            f"UPDATE {self.table} SET state = 'failed', finished_at = {now}, expires_at = NULL,"
-            f" error = {p} WHERE dispenser = {p} AND {self.expired} AND attempts >= {p}",
-            (f"the claim expired, attempts used up ({max_attempts})", dispenser, max_attempts),
-        )
-        return int(cursor.rowcount)
+# SKIP LOCKED: concurrent assigns take different rows; the outer WHERE re-checks the locked
+# row's latest version (READ COMMITTED re-evaluates it after the lock, see
+# docs/pitfalls.md#snapshot-reads). The pick is a MATERIALIZED CTE: as "id IN (subquery)" the
+# planner may run the subquery again for each row, each run skipping the rows the last one
+# locked, and claim more than n rows.
+PG_CLAIM_PENDING = (
+    "WITH pick AS MATERIALIZED (SELECT id FROM {items} WHERE {item_pending}{pattern}"
+    " ORDER BY expires_at, id LIMIT {p_n} FOR UPDATE SKIP LOCKED)"
+    " UPDATE {items} AS r SET attempts = r.attempts + 1, fence = r.fence + 1, state = 'assigned',"
+    " worker = {p_worker}, claim_token = {p_token}, expires_at = {claim_expiry}, claimed_at = {now}"
+    " FROM pick WHERE r.id = pick.id AND {item_pending_r}{pattern_r}"
+)
+PG_CLAIM_EXPIRED = (
+    "WITH pick AS MATERIALIZED (SELECT id FROM {items} WHERE {item_retake}{pattern}"
+    " ORDER BY expires_at, id LIMIT {p_n} FOR UPDATE SKIP LOCKED)"
+    " UPDATE {items} AS r SET attempts = r.attempts + 1, fence = r.fence + 1, state = 'assigned',"
+    " worker = {p_worker}, claim_token = {p_token}, expires_at = {claim_expiry}, claimed_at = {now}"
+    " FROM pick WHERE r.id = pick.id AND {item_retake_r}{pattern_r}"
+)
+POSTGRESQL_TEMPLATES = {**TEMPLATES, "ITEMS_CLAIM_PENDING": PG_CLAIM_PENDING, "ITEMS_CLAIM_EXPIRED": PG_CLAIM_EXPIRED}
 
-    def claimed(self, cursor: Any, *, dispenser: str, worker: str, tokens: Sequence[str]) -> list[tuple[Any, ...]]:
-        """The live items claimed under these tokens, in their order, each oldest first:
-        (id, key, payload, attempts, fence, expiry)."""
-        p = self.p
-        order = " ".join(f"WHEN {p} THEN {i}" for i in range(len(tokens)))
-        cursor.execute(
-            f"SELECT {CLAIM_COLUMNS} FROM {self.table} WHERE dispenser = {p} AND worker = {p}"
-            f" AND {self.live} AND claim_token IN ({', '.join([p] * len(tokens))})"
-            f" ORDER BY CASE claim_token {order} END, id",
-            (dispenser, worker, *tokens, *tokens),
-        )
-        return [
-            (pk, key, _json(payload), attempts, fence, self.dialect.to_datetime(expiry))
-            for pk, key, payload, attempts, fence, expiry in cursor.fetchall()
-        ]
+# -- MySQL / MariaDB -------------------------------------------------------------------------
 
-    # -- a worker's live claims --------------------------------------------------------
+# MariaDB 10.6+ / MySQL 8: as the lease acquire (db/mysql.py), the rows are picked by a
+# locking read that skips rows other assigns are claiming, and drive the join (STRAIGHT_JOIN)
+# so MariaDB does not scan (and lock) the table; the outer WHERE re-checks each picked row
+# (docs/pitfalls.md#index-locks). Older servers: one UPDATE ... ORDER BY ... LIMIT on the index.
+MYSQL_CLAIM_PENDING = (
+    "UPDATE (SELECT id FROM {items} FORCE INDEX ({next_index}) WHERE {item_pending}{pattern}"
+    " ORDER BY expires_at, id LIMIT {p_n} FOR UPDATE SKIP LOCKED) AS pick"
+    " STRAIGHT_JOIN {items} AS r ON r.id = pick.id SET {item_claim_set_r} WHERE {item_pending_r}{pattern_r}"
+)
+MYSQL_CLAIM_EXPIRED = (
+    "UPDATE (SELECT id FROM {items} FORCE INDEX ({next_index}) WHERE {item_retake}{pattern}"
+    " ORDER BY expires_at, id LIMIT {p_n} FOR UPDATE SKIP LOCKED) AS pick"
+    " STRAIGHT_JOIN {items} AS r ON r.id = pick.id SET {item_claim_set_r} WHERE {item_retake_r}{pattern_r}"
+)
+MYSQL_CLAIM_PENDING_LOCKING = (
+    "UPDATE {items} FORCE INDEX ({next_index}) SET {item_claim_set}"
+    " WHERE {item_pending}{pattern} ORDER BY expires_at, id LIMIT {p_n}"
+)
+MYSQL_CLAIM_EXPIRED_LOCKING = (
+    "UPDATE {items} FORCE INDEX ({next_index}) SET {item_claim_set}"
+    " WHERE {item_retake}{pattern} ORDER BY expires_at, id LIMIT {p_n}"
+)
+# The values are validated before (lengths, text), so IGNORE only skips duplicates.
+MYSQL_PUT = (
+    "INSERT IGNORE INTO {items} (dispenser, item_key, payload, state, worker, fence, claim_token, attempts, error,"
+    " created_at) VALUES {rows}"
+)
+MYSQL_TEMPLATES = {
+    **TEMPLATES,
+    "ITEMS_CLAIM_PENDING": MYSQL_CLAIM_PENDING,
+    "ITEMS_CLAIM_EXPIRED": MYSQL_CLAIM_EXPIRED,
+    "ITEMS_CLAIM_PENDING_LOCKING": MYSQL_CLAIM_PENDING_LOCKING,
+    "ITEMS_CLAIM_EXPIRED_LOCKING": MYSQL_CLAIM_EXPIRED_LOCKING,
+    "ITEMS_PUT": MYSQL_PUT,
+}
 
-    def _ours(
-        self, dispenser: str, worker: str, keys: Sequence[str], fences: Sequence[int] | None
-    ) -> tuple[str, list[Any]]:
-        """WHERE clause: these keys are live claims of this worker (with these fences)."""
-        p = self.p
-        where = f"dispenser = {p} AND worker = {p} AND {self.live}"
-        params: list[Any] = [dispenser, worker]
-        if keys:
-            where += f" AND item_key IN ({', '.join([p] * len(keys))})"
-            params += keys
-            if fences is not None:
-                cases = " ".join(f"WHEN {p} THEN {p}" for _ in keys)
-                where += f" AND fence = CASE item_key {cases} END"
-                for key, fence in zip(keys, fences, strict=True):
-                    params += [key, fence]
-        return where, params
-
-    def done(
-        self,
-        cursor: Any,
-        *,
-        dispenser: str,
-        worker: str,
-        keys: Sequence[str],
-        fences: Sequence[int] | None,
-        result: Any,
-        token: str,
-    ) -> int:
-        p, now = self.p, self.now
-        where, params = self._ours(dispenser, worker, keys, fences)
-        cursor.execute(
-            f"UPDATE {self.table} SET state = 'done', result = {self.json_param()}, error = '', finished_at = {now},"
-            f" expires_at = NULL, claim_token = {p} WHERE {where}",
-            [None if result is None else json.dumps(result), token, *params],
-        )
-        return int(cursor.rowcount)
-
-    def fail(
-        self,
-        cursor: Any,
-        *,
-        dispenser: str,
-        worker: str,
-        keys: Sequence[str],
-        fences: Sequence[int] | None,
-        error: str,
-        max_attempts: int,
-        token: str,
-    ) -> int:
-        """Back to the pool, or failed once the attempts are used up."""
-        p, now = self.p, self.now
-        where, params = self._ours(dispenser, worker, keys, fences)
-        cursor.execute(
-            f"UPDATE {self.table} SET finished_at = CASE WHEN attempts >= {p} THEN {now} ELSE NULL END,"
-            f" state = CASE WHEN attempts >= {p} THEN 'failed' ELSE 'pending' END,"
-            f" error = {p}, expires_at = NULL, claim_token = {p} WHERE {where}",
-            [max_attempts, max_attempts, error, token, *params],
-        )
-        return int(cursor.rowcount)
-
-    def release(
-        self, cursor: Any, *, dispenser: str, worker: str, keys: Sequence[str], fences: Sequence[int] | None, token: str
-    ) -> int:
-        """Back to the pool; a claim given back unworked is not counted as an attempt."""
-        where, params = self._ours(dispenser, worker, keys, fences)
-        cursor.execute(
-            f"UPDATE {self.table} SET state = 'pending', expires_at = NULL,"
-            f" attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END, claim_token = {self.p} WHERE {where}",
-            [token, *params],
-        )
-        return int(cursor.rowcount)
-
-    def count_token(self, cursor: Any, *, dispenser: str, worker: str, token: str) -> int:
-        """Rows an outcome statement wrote under ``token`` (settles a count lost in transit)."""
-        p = self.p
-        cursor.execute(
-            f"SELECT COUNT(*) FROM {self.table} WHERE dispenser = {p} AND worker = {p} AND claim_token = {p}",
-            (dispenser, worker, token),
-        )
-        return int(cursor.fetchall()[0][0])
-
-    def renew(
-        self,
-        cursor: Any,
-        *,
-        dispenser: str,
-        worker: str,
-        keys: Sequence[str],
-        fences: Sequence[int] | None,
-        ttl: float,
-    ) -> int:
-        where, params = self._ours(dispenser, worker, keys, fences)
-        cursor.execute(
-            f"UPDATE {self.table} SET expires_at = {self.dialect.expiry_sql()} WHERE {where}",
-            [self.dialect.ttl_param(ttl), *params],
-        )
-        return int(cursor.rowcount)
-
-    def live_claims(self, cursor: Any, *, dispenser: str, worker: str) -> list[tuple[str, int]]:
-        where, params = self._ours(dispenser, worker, (), None)
-        cursor.execute(f"SELECT item_key, fence FROM {self.table} WHERE {where}", params)
-        return [(key, int(fence)) for key, fence in cursor.fetchall()]
-
-    # -- the pool ----------------------------------------------------------------------
-
-    def put(self, cursor: Any, *, dispenser: str, items: Sequence[tuple[str, Any]]) -> int:
-        """Insert the items whose keys are new; how many were."""
-        p, now = self.p, self.now
-        row = f"({p}, {p}, {self.json_param()}, 'pending', '', 0, '', 0, '', {now})"
-        columns = "dispenser, item_key, payload, state, worker, fence, claim_token, attempts, error, created_at"
-        params: list[Any] = []
-        for key, payload in items:
-            params += [dispenser, key, None if payload is None else json.dumps(payload)]
-        cursor.execute(self.insert_ignore(columns, ", ".join([row] * len(items))), params)
-        return int(cursor.rowcount)
-
-    def requeue(self, cursor: Any, *, dispenser: str, key: str, payload: Any) -> int:
-        """Queue one key afresh (attempts reset) with this payload, unless it is claimed now."""
-        p, now = self.p, self.now
-        cursor.execute(
-            f"UPDATE {self.table} SET state = 'pending', payload = {self.json_param()}, attempts = 0, error = '',"
-            f" result = NULL, finished_at = NULL, expires_at = NULL"
-            f" WHERE dispenser = {p} AND item_key = {p}"
-            f" AND (state <> 'assigned' OR expires_at <= {now})",
-            (None if payload is None else json.dumps(payload), dispenser, key),
-        )
-        return int(cursor.rowcount)
-
-    def retry_failed(self, cursor: Any, *, dispenser: str, keys: Sequence[str]) -> int:
-        """Queue failed items (all, or these keys) again with attempts reset."""
-        p = self.p
-        where = f"dispenser = {p} AND state = 'failed'"
-        if keys:
-            where += f" AND item_key IN ({', '.join([p] * len(keys))})"
-        cursor.execute(
-            f"UPDATE {self.table} SET state = 'pending', attempts = 0, finished_at = NULL, expires_at = NULL"
-            f" WHERE {where}",
-            (dispenser, *keys),
-        )
-        return int(cursor.rowcount)
-
-    def delete_unclaimed(self, cursor: Any, *, dispenser: str, ids: Sequence[int]) -> int:
-        """Delete these items if they are pending (or their claim expired)."""
-        p = self.p
-        cursor.execute(
-            f"DELETE FROM {self.table} WHERE dispenser = {p} AND id IN ({', '.join([p] * len(ids))})"
-            f" AND (state = 'pending' OR {self.expired})",
-            (dispenser, *ids),
-        )
-        return int(cursor.rowcount)
-
-    explain = "EXPLAIN QUERY PLAN"
-
-    def explain_claim(self, cursor: Any, *, dispenser: str) -> str:
-        """The query plan of the claim of pending items (tests check that it reads the index)."""
-        where = lambda q: f"{q}dispenser = {self.p} AND {q}state = 'pending'"  # noqa: E731
-        sql = self.pick_and_claim(where, "expires_at, id")
-        cursor.execute(
-            f"{self.explain} {sql}", self.pick_params(("w", "t", self.dialect.ttl_param(1.0)), [dispenser], 10)
-        )
-        names = [d[0] for d in cursor.description]
-        return "\n".join(str(dict(zip(names, row, strict=True))) for row in cursor.fetchall())
+#: The items' pieces per vendor: how a pattern is matched, and the plan reader.
+REGEX = {"sqlite": "REGEXP", "postgresql": "~", "mysql": "REGEXP"}
+EXPLAIN = {"sqlite": "EXPLAIN QUERY PLAN", "postgresql": "EXPLAIN", "mysql": "EXPLAIN"}
 
 
-class PostgreSQLItemStatements(ItemStatements):
-    regex_op = "~"
-    explain = "EXPLAIN"
-
-    def json_param(self) -> str:
-        return f"CAST({self.p} AS jsonb)"
-
-    def pick_and_claim(self, where: Where, order: str) -> str:
-        # SKIP LOCKED: concurrent assigns take different rows; the outer WHERE re-checks the
-        # locked row's latest version (READ COMMITTED re-evaluates it after the lock, see
-        # docs/pitfalls.md#snapshot-reads). The pick is a MATERIALIZED CTE: as
-        # "id IN (subquery)" the planner may run the subquery again for each row, each run
-        # skipping the rows the last one locked, and claim more than n rows.
-        return (
-            f"WITH pick AS MATERIALIZED (SELECT id FROM {self.table} WHERE {where('')} ORDER BY {order}"
-            f" LIMIT {self.p} FOR UPDATE SKIP LOCKED)"
-            f" UPDATE {self.table} AS r SET {self.claim_set()} FROM pick WHERE r.id = pick.id AND {where('r.')}"
-        )
-
-    def pick_params(self, claim: Sequence[Any], where: Sequence[Any], n: int) -> list[Any]:
-        return [*where, n, *claim, *where]
+def pieces(dialect: Dialect) -> dict[str, str]:
+    """What these templates leave open, for ``dialect``'s vendor and tables."""
+    named = dialect.named_placeholder
+    return {
+        "items": dialect.connection.ops.quote_name(DispenserItem._meta.db_table),
+        "now": dialect.now_sql,
+        "named": named,
+        "claim_expiry": dialect.expiry_sql(named.format("ttl")),
+        "payload_json": dialect.json_cast.format(named.format("payload")),
+        "result_json": dialect.json_cast.format(named.format("result")),
+        "regex": REGEX[dialect.vendor],
+        "next_index": NEXT_INDEX,
+    }
 
 
-class MySQLItemStatements(ItemStatements):
-    explain = "EXPLAIN"
-
-    def insert_ignore(self, columns: str, values: str) -> str:
-        # The values are validated before (lengths, text), so IGNORE only skips duplicates.
-        return f"INSERT IGNORE INTO {self.table} ({columns}) VALUES {values}"
-
-    def pick_and_claim(self, where: Where, order: str) -> str:
-        index = f"FORCE INDEX ({NEXT_INDEX})"
-        if self.dialect.connection.features.has_select_for_update_skip_locked:
-            # As the lease acquire (db/mysql.py): the rows are picked by a locking read that
-            # skips rows other assigns are claiming, and drive the join (STRAIGHT_JOIN) so
-            # MariaDB does not scan (and lock) the table; the outer WHERE re-checks each
-            # picked row (see docs/pitfalls.md#index-locks).
-            return (
-                f"UPDATE (SELECT id FROM {self.table} {index} WHERE {where('')} ORDER BY {order} LIMIT %s"
-                f" FOR UPDATE SKIP LOCKED) AS pick STRAIGHT_JOIN {self.table} AS r ON r.id = pick.id"
-                f" SET {self.claim_set('r.')} WHERE {where('r.')}"
-            )
-        return f"UPDATE {self.table} {index} SET {self.claim_set()} WHERE {where('')} ORDER BY {order} LIMIT %s"
-
-    def pick_params(self, claim: Sequence[Any], where: Sequence[Any], n: int) -> list[Any]:
-        if self.dialect.connection.features.has_select_for_update_skip_locked:
-            return [*where, n, *claim, *where]
-        return [*claim, *where, n]
-
-
-def item_statements(dialect: Dialect) -> ItemStatements:
-    """The dispenser statements for a dialect (cached on it)."""
-    cached: ItemStatements | None = getattr(dialect, "_item_statements", None)
-    if cached is None:
-        cls = {"postgresql": PostgreSQLItemStatements, "mysql": MySQLItemStatements}.get(dialect.vendor, ItemStatements)
-        cached = cls(dialect)
-        dialect._item_statements = cached  # type: ignore[attr-defined]
-    return cached
-
-
-def _json(value: Any) -> Any:
-    # Raw JSON columns come back as text (Django loads jsonb as text on PostgreSQL too).
+def decode_json(value: Any) -> Any:
+    """A JSON column as read raw: text on every vendor (Django loads jsonb as text too)."""
     return json.loads(value) if isinstance(value, (str, bytes, bytearray)) else value
 
 

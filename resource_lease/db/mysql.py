@@ -26,8 +26,13 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.base import DEFERRED
 
-from resource_lease.db import NOW_SQL, galera
+from resource_lease.db import NOW_SQL, galera, statements
+from resource_lease.db import counters as counter_sql
+from resource_lease.db import dispenser as item_sql
+from resource_lease.db import terms as term_sql
+from resource_lease.db import topics as topic_sql
 from resource_lease.db.base import Dialect, Failure, Row
+from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.db.statements import Returning
 
 ACQUIRE_INDEX = "resource_lease_acquire_idx"  # models.Resource.Meta.indexes
@@ -42,6 +47,8 @@ _DISCONNECT = {2002, 2003, 2006, 2013, 2026, 2055, 4031, 1053, 1927}
 #: MySQLdb.constants.CLIENT.FOUND_ROWS (the MySQL protocol's CLIENT_FOUND_ROWS), without
 #: importing the driver for a check (docs/pitfalls.md#found-rows).
 _CLIENT_FOUND_ROWS = 2
+#: "BIGINT value is out of range": a counter's sum would leave BIGINT (nothing changed).
+ER_DATA_OUT_OF_RANGE = 1690
 
 
 # The probe's LAST_INSERT_ID: fence << 25 | took_over << 24 | the clock's low 24 bits (us).
@@ -64,10 +71,10 @@ RETURNING = "{update}; SELECT {returning} FROM {table} WHERE {read_back}"
 # write) held up every acquire (InnoDB's UPDATE locks every index record it scans:
 # docs/pitfalls.md#index-locks). LAST_INSERT_ID() is the granted row's id when the UPDATE
 # matched; when it did not, it is some earlier id, but the fresh token matches no row then.
-# (holder, token, ttl, kind), read back by (token)
+# (holder, token, ttl, lock_delay, kind, *line, [where]), read back by (token)
 ACQUIRE_SCAN = Returning(
     "UPDATE {table} {index_hint} SET {grant_set}, id = LAST_INSERT_ID(id)"
-    " WHERE {free} ORDER BY kind, busy_before LIMIT 1",
+    " WHERE {grantable} ORDER BY kind, busy_before LIMIT 1",
     read_back="id = LAST_INSERT_ID() AND grant_token = {p}",
 )
 
@@ -77,38 +84,58 @@ ACQUIRE_SCAN = Returning(
 # condition re-checks the locked row's current version. The picked row drives the join
 # (STRAIGHT_JOIN, then r by primary key): joined the other way round, MariaDB scans and locks
 # every row of the table, waiting on any row lock held anywhere (a fenced write on another
-# resource). (kind, holder, token, ttl), read back by (token)
+# resource). (kind, *line, [where], holder, token, ttl, lock_delay), read back by (token)
 ACQUIRE_SCAN_SKIP_LOCKED = Returning(
-    "UPDATE (SELECT id FROM {table} {index_hint} WHERE {free}"
+    "UPDATE (SELECT id FROM {table} {index_hint} WHERE {grantable}"
     " ORDER BY kind, busy_before LIMIT 1 FOR UPDATE SKIP LOCKED) AS pick"
     " STRAIGHT_JOIN {table} AS r ON r.id = pick.id"
     " SET {grant_set}, r.id = LAST_INSERT_ID(r.id) WHERE r.busy_before <= {now}",
     read_back="id = LAST_INSERT_ID() AND grant_token = {p}",
 )
 
-# The probe's LAST_INSERT_ID (the packing above), and its fence assignment, which replaces
-# GRANT_SET's ``fence = fence + 1`` in GRANT_PROBE. took_over is assigned first (left to
-# right: docs/pitfalls.md#set-order), so here it is already this grant's.
+# The probe's LAST_INSERT_ID (the packing above).
 PROBE_PACKED = (
     "(fence + 1) * {fence_unit} + took_over * {took_over_unit}"
     " + MOD(FLOOR(UNIX_TIMESTAMP({now}) * 1000000), {clock_span})"
 )
+
+# The probe's fence assignment, which replaces GRANT_SET's ``fence = fence + 1``: it also hands
+# the packing back. took_over is assigned first (left to right: docs/pitfalls.md#set-order),
+# so the packing reads this grant's; past the limit the fence goes up alone and the row is read back.
 PROBE_FENCE = (
     "fence = CASE WHEN fence < {fence_limit} THEN LAST_INSERT_ID({probe_packed}) DIV {fence_unit}"
     " ELSE fence + 1 + LAST_INSERT_ID(0) END"
 )
 
-# The probe's grant (GRANT_BY_ID without a read): (holder, token, ttl, id, kind). {probe_set}
-# is GRANT_SET with PROBE_FENCE (``MySQLDialect._probe_sql``). A free row that another
-# transaction has locked (an operator's edit, a SELECT ... FOR UPDATE) must be a miss, not a
-# wait: the scan skips locked rows. MariaDB: no lock wait for this statement alone (an error
-# at once, 1205: {nowait} is NOWAIT_PREFIX); MySQL has no per-statement form, so there the
-# probe waits at most LOCK_WAIT_TIMEOUT.
-GRANT_PROBE = "{nowait}UPDATE {table} SET {probe_set} WHERE id = {p} AND {free}"
-NOWAIT_PREFIX = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR "
+# The probe's SET list: GRANT_SET (statements.py) with PROBE_FENCE for its fence, as
+# tests/test_statements.py checks.
+PROBE_SET = (
+    "took_over = (grant_token <> ''), previous_holder = holder,"
+    " {probe_fence}, holder = {p}, grant_token = {p},"
+    " busy_before = {expiry}, acquired_at = {now}, renewed_at = {now},"
+    " released_at = NULL, lock_delay = {p}"
+)
+
+# The probe's grant (GRANT_BY_ID without a read): (holder, token, ttl, lock_delay, id, kind,
+# *line, [where]). A free row that another transaction has locked (an operator's edit, a SELECT ...
+# FOR UPDATE) must be a miss, not a wait: the scan skips locked rows. MariaDB: no lock wait for
+# this statement alone (an error at once, 1205: GRANT_PROBE_NOWAIT); MySQL has no
+# per-statement form, so there the probe waits at most LOCK_WAIT_TIMEOUT.
+GRANT_PROBE = "UPDATE {table} SET {probe_set} WHERE id = {p} AND {grantable}"
+GRANT_PROBE_NOWAIT = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR {grant_probe}"
 
 # The probe's row when it cannot be built from the sample: (id, token).
 PROBE_READ_BACK = "SELECT {columns} FROM {table} WHERE id = {p} AND grant_token = {p}"
+
+
+# A read grant of an rwlock hands its fence back in LAST_INSERT_ID: the row read back in the
+# same round trip may already carry a later reader's grant (RW_READ in rw_statements.py).
+RW_NEXT_FENCE = "LAST_INSERT_ID(fence + 1)"
+RW_READ = Returning(
+    "UPDATE {table} SET {rw_read_set} WHERE name = {p} AND kind = {p} AND {rw_readable} AND {rw_read_clear}",
+    returning="{columns}, LAST_INSERT_ID()",
+    read_back="kind = {p} AND name = {p}",
+)
 
 
 def _unfold(low: int, estimate: dt.datetime) -> dt.datetime | None:
@@ -123,6 +150,22 @@ def _unfold(low: int, estimate: dt.datetime) -> dt.datetime | None:
     return _EPOCH + dt.timedelta(microseconds=best)
 
 
+#: The lease statements on this vendor: the common ones, with these of its own.
+TEMPLATES: dict[str, str | Returning] = {
+    **statements.TEMPLATES,
+    "ACQUIRE_SCAN": ACQUIRE_SCAN,
+    "ACQUIRE_SCAN_SKIP_LOCKED": ACQUIRE_SCAN_SKIP_LOCKED,
+    "PROBE_PACKED": PROBE_PACKED,
+    "PROBE_FENCE": PROBE_FENCE,
+    "PROBE_SET": PROBE_SET,
+    "GRANT_PROBE": GRANT_PROBE,
+    "GRANT_PROBE_NOWAIT": GRANT_PROBE_NOWAIT,
+    "PROBE_READ_BACK": PROBE_READ_BACK,
+    "RW_NEXT_FENCE": RW_NEXT_FENCE,
+    "RW_READ": RW_READ,
+}
+
+
 class MySQLDialect(Dialect):
     vendor = "mysql"
     # UTC whatever the session time zone (NOW() follows the session's zone), with
@@ -131,15 +174,10 @@ class MySQLDialect(Dialect):
     on_conflict_keep = "ON DUPLICATE KEY UPDATE id = id"
     # See ACQUIRE_SCAN: the planner must be told to walk the acquire index in its order.
     index_hint = f"FORCE INDEX ({ACQUIRE_INDEX})"
-    templates = {
-        **Dialect.templates,
-        "ACQUIRE_SCAN": ACQUIRE_SCAN,
-        "ACQUIRE_SCAN_SKIP_LOCKED": ACQUIRE_SCAN_SKIP_LOCKED,
-        "PROBE_PACKED": PROBE_PACKED,
-        "PROBE_FENCE": PROBE_FENCE,
-        "PROBE_READ_BACK": PROBE_READ_BACK,
-    }
+    templates, item_templates, topic_templates = TEMPLATES, item_sql.MYSQL_TEMPLATES, topic_sql.MYSQL_TEMPLATES
+    counter_templates, term_templates = counter_sql.MYSQL_TEMPLATES, term_sql.MYSQL_TEMPLATES
     returning_template = RETURNING
+    where_types = {"str": "STRING", "int": "INTEGER", "true": "BOOLEAN", "false": "BOOLEAN", "null": "NULL"}
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         super().__init__(connection)
@@ -170,8 +208,29 @@ class MySQLDialect(Dialect):
         if self.rotation is not None:
             self.rotation.skip()
 
-    def expiry_sql(self) -> str:
-        return f"{self.now_sql} + INTERVAL %s MICROSECOND"
+    def expiry_sql(self, placeholder: str | None = None) -> str:
+        return f"{self.now_sql} + INTERVAL {placeholder or '%s'} MICROSECOND"
+
+    def delay_end_sql(self) -> str:
+        return "busy_before + INTERVAL ROUND(lock_delay * 1000000) MICROSECOND"
+
+    def matches_sql(self, where: str, data: str) -> str:
+        # docs/pitfalls.md#json-compared. JSON_TABLE (MariaDB 10.6+, MySQL 8.0) walks the filter's entries; each key's value in
+        # the row must have the same JSON type and, compared byte for byte (BINARY: the
+        # connection's collation may ignore case), the same unquoted text.
+        # The key is looked up as the document spells it (line.key_paths: escaped as Python
+        # writes it, or in UTF-8); a path can hold neither a raw control character nor an
+        # escape the document does not use.
+        value = f"JSON_EXTRACT({data}, IF(JSON_CONTAINS_PATH({data}, 'one', f.pa), f.pa, f.pu))"
+        return (
+            f"NOT EXISTS (SELECT 1 FROM JSON_TABLE({where}, '$[*]' COLUMNS ("
+            "pa LONGTEXT CHARACTER SET utf8mb4 PATH '$.pa',"
+            " pu LONGTEXT CHARACTER SET utf8mb4 PATH '$.pu',"
+            " t VARCHAR(16) CHARACTER SET utf8mb4 PATH '$.t',"
+            " s LONGTEXT CHARACTER SET utf8mb4 PATH '$.s')) AS f"
+            f" WHERE NOT COALESCE(JSON_TYPE({value}) = f.t"
+            f" AND (f.t = 'NULL' OR BINARY JSON_UNQUOTE({value}) = BINARY f.s), FALSE))"
+        )
 
     def ttl_param(self, ttl: float) -> Any:
         return round(ttl * 1_000_000)
@@ -210,27 +269,46 @@ class MySQLDialect(Dialect):
     # -- the probe: a grant that hands back what it decided through LAST_INSERT_ID --------------
 
     def grant_sampled(
-        self, cursor: Any, *, sampled: Row, kind: str, holder: str, token: str, ttl: float, clock: Any
+        self,
+        cursor: Any,
+        *,
+        sampled: Row,
+        kind: str,
+        holder: str,
+        token: str,
+        ttl: float,
+        clock: Any,
+        turn: Turn = NEWCOMER,
+        where: str | None = None,
     ) -> Row | None:
         """The probe's grant in one statement and no read: the row is the sample's, with what
         the grant wrote put in.
 
-        The UPDATE is the grant's, by primary key and conditional on the row being free; it
-        also hands back, in LAST_INSERT_ID (which the client reads from the statement's OK
-        packet), the new fence, whether it took an expired lease over, and the low 24 bits of
-        the database's clock in microseconds (``_PACKED``). The clock's high bits come from
-        the sample's reading of the database's clock (``clock``, at most PROBE_REFRESH old,
-        carried forward by this machine's monotonic clock): the 24 bits span 16.8 s, so the
-        result is exact while the estimate is within 8 s. ``acquired_at``, ``renewed_at``
-        and ``busy_before`` (that time plus the ttl in microseconds, the server's own
-        arithmetic) are then exactly what the server wrote. The payload (name, data) is the
-        sample's, so an operator's new URL shows up within PROBE_REFRESH. A take-over, a
-        clock estimate too far out and a fence past 2**37 read the row back instead.
-        ``previous_holder`` is left for Django to load on first access (``DEFERRED``).
+        The UPDATE is the grant's, by primary key and conditional on the row being free and
+        the caller's turn; it also hands back, in LAST_INSERT_ID (which the client reads from
+        the statement's OK packet), the new fence, whether it took an expired lease over, and
+        the low 24 bits of the database's clock in microseconds (``PROBE_PACKED``). The
+        clock's high bits come from the sample's reading of the database's clock (``clock``,
+        at most PROBE_REFRESH old, carried forward by this machine's monotonic clock): the 24
+        bits span 16.8 s, so the result is exact while the estimate is within 8 s.
+        ``acquired_at``, ``renewed_at`` and ``busy_before`` (that time plus the ttl in
+        microseconds, the server's own arithmetic) are then exactly what the server wrote.
+        The payload (name, data) is the sample's, so an operator's new URL shows up within
+        PROBE_REFRESH. A take-over, a clock estimate too far out and a fence past 2**37 read
+        the row back instead. ``previous_holder`` is left for Django to load on first access
+        (``DEFERRED``).
         """
         ttl_us = self.ttl_param(ttl)
+        # MariaDB: no lock wait for this statement alone.
+        in_line = turn.forms[0]  # a probe is a guess: the scan after it tries the line form
+        sql = self.statement("GRANT_PROBE_NOWAIT" if self.mariadb else "GRANT_PROBE", where, in_line=in_line)
+        params = (
+            *self.grant_params(holder, token, ttl_us, turn),
+            sampled[0],
+            *self.grantable(kind, turn, where, in_line=in_line),
+        )
         try:
-            cursor.execute(self._probe_sql(), (holder, token, ttl_us, sampled[0], kind))
+            cursor.execute(sql, params)
         except Exception as exc:
             if exc.args and exc.args[0] in _LOCK_TIMEOUT:
                 return None  # another transaction has the row locked: a miss, the scan skips it
@@ -254,37 +332,73 @@ class MySQLDialect(Dialect):
         row[at["acquired_at"]] = row[at["renewed_at"]] = granted_at
         row[at["busy_before"]] = granted_at + dt.timedelta(microseconds=ttl_us)
         row[at["released_at"]] = None
+        row[at["lock_delay"]] = float(turn.lock_delay)
         return row
 
-    def _probe_sql(self) -> str:
-        """GRANT_PROBE rendered: the grant's SET list with PROBE_FENCE for its fence (at the
-        first probe: whether the server is MariaDB needs a connection)."""
-        cached: str | None = getattr(self, "_probe", None)
-        if cached is None:
-            grant_set = self.grant_set.replace("fence = fence + 1", self.sql["PROBE_FENCE"])
-            if grant_set == self.grant_set:
-                raise RuntimeError("the grant's SET list no longer has 'fence = fence + 1'")
-            mariadb = bool(getattr(self.connection, "mysql_is_mariadb", False))
-            nowait = NOWAIT_PREFIX if mariadb else ""
-            cached = self._probe = GRANT_PROBE.format(
-                nowait=nowait, table=self.table, probe_set=grant_set, p=self.placeholder, free=self.free
-            )
-        return cached
+    @property
+    def mariadb(self) -> bool:
+        """Whether the server is MariaDB (Django reads it once per connection)."""
+        return bool(getattr(self.connection, "mysql_is_mariadb", False))
 
-    def acquire(self, cursor: Any, *, kind: str, holder: str, token: str, ttl: float) -> Row | None:
-        sql, kind_first = self._acquire_sql()
-        grant = (holder, token, self.ttl_param(ttl))
-        return self.returning_row(cursor, sql, (kind, *grant) if kind_first else (*grant, kind), read_params=(token,))
+    @property
+    def skip_locked(self) -> bool:
+        """Whether the server skips locked rows (MariaDB 10.6+, MySQL 8; Django reads the
+        server's version once per connection)."""
+        return bool(self.connection.features.has_select_for_update_skip_locked)
 
-    def _acquire_sql(self) -> tuple[str, bool]:
-        """The acquire statement, and whether its kind parameter comes first (chosen at the
-        first acquire: the server's version needs a connection)."""
-        cached: tuple[str, bool] | None = getattr(self, "_acquire", None)
-        if cached is None:
-            kind_first = bool(self.connection.features.has_select_for_update_skip_locked)
-            sql = self.sql["ACQUIRE_SCAN_SKIP_LOCKED" if kind_first else "ACQUIRE_SCAN"]
-            cached = self._acquire = (sql, kind_first)
-        return cached
+    def acquire(
+        self,
+        cursor: Any,
+        *,
+        kind: str,
+        holder: str,
+        token: str,
+        ttl: float,
+        turn: Turn = NEWCOMER,
+        where: str | None = None,
+    ) -> Row | None:
+        grant = self.grant_params(holder, token, self.ttl_param(ttl), turn)
+        for in_line in turn.forms:
+            grantable = self.grantable(kind, turn, where, in_line=in_line)
+            if self.skip_locked:
+                sql = self.statement("ACQUIRE_SCAN_SKIP_LOCKED", where, in_line=in_line)
+                params = (*grantable, *grant)
+            else:
+                sql, params = self.statement("ACQUIRE_SCAN", where, in_line=in_line), (*grant, *grantable)
+            row = self.returning_row(cursor, sql, params, read_params=(token,))
+            if row is not None:
+                return row
+        return None
+
+    def claim_statement(self, name: str) -> str:
+        return name if self.skip_locked else f"{name}_LOCKING"
+
+    def run_bump(self, cursor: Any, sql: str, params: dict[str, Any]) -> int:
+        # The upsert and its read of LAST_INSERT_ID() are one query (MYSQL_TOPIC_NOTIFY).
+        # Affected rows (CLIENT.FOUND_ROWS, docs/pitfalls.md#found-rows): 1 inserted
+        # (version 1), 2 updated.
+        cursor.execute(sql, params)
+        inserted = cursor.rowcount == 1
+        if not cursor.nextset():
+            raise RuntimeError("the read of a pipelined upsert; SELECT returned no result")
+        rows = cursor.fetchall()
+        return 1 if inserted else int(rows[0][0])
+
+    def run_add(self, cursor: Any, sql: str, params: dict[str, Any]) -> int | None:
+        # The upsert and its read of LAST_INSERT_ID() are one query (MYSQL_COUNTER_ADD):
+        # affected rows 1 is an insert (the value is n; LAST_INSERT_ID() holds the new id),
+        # 2 an update. The caller never adds 0 (a row left as it was would also count 1).
+        try:
+            cursor.execute(sql, params)
+        except Exception as exc:
+            if exc.args and exc.args[0] == ER_DATA_OUT_OF_RANGE:
+                return None  # the sum would leave BIGINT: the statement changed nothing
+            raise
+        inserted = cursor.rowcount == 1
+        if not cursor.nextset():
+            raise RuntimeError("the read of a pipelined upsert; SELECT returned no result")
+        rows = cursor.fetchall()
+        return int(params["n"]) if inserted else int(rows[0][0])
 
     @staticmethod
     def connect_options(options: dict[str, Any], io_timeout: float, *, prepared: bool) -> None:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from resource_lease.db import NOW_SQL
+from resource_lease.db import NOW_SQL, statements
+from resource_lease.db import dispenser as item_sql
+from resource_lease.db import terms as term_sql
+from resource_lease.db import topics as topic_sql
 from resource_lease.db.base import Dialect, Failure, Row
-from resource_lease.db.statements import FREE, Returning
+from resource_lease.db.line import NEWCOMER, Turn
+from resource_lease.db.statements import Returning
 
 # SQLSTATEs after which the statement was rolled back and can run again.
 _TRANSIENT = {"40001", "40P01"}  # serialization failure, deadlock
@@ -15,10 +19,11 @@ _LOCK_TIMEOUT = {"55P03", "57014"}  # lock_timeout, statement_timeout
 _DISCONNECT_PREFIXES = ("08", "57P0")
 
 # The acquire. SKIP LOCKED: contenders never queue behind a row another acquire is granting
-# (docs/pitfalls.md#index-locks). (holder, token, ttl, kind)
+# (docs/pitfalls.md#index-locks); rows that are not the caller's turn are filtered out before
+# any is locked. (holder, token, ttl, kind, *line, [where])
 ACQUIRE_SCAN = Returning(
     "UPDATE {table} SET {grant_set}"
-    " WHERE id = (SELECT id FROM {table} WHERE {free}"
+    " WHERE id = (SELECT id FROM {table} WHERE {grantable}"
     " ORDER BY busy_before LIMIT 1 FOR UPDATE SKIP LOCKED)"
 )
 
@@ -26,23 +31,67 @@ ACQUIRE_SCAN = Returning(
 # expression, which no index serves: with statistics older than the pool (a kind seeded after
 # the last ANALYZE is estimated at one row), the planner would otherwise walk the (kind, ...)
 # indexes over every row of the kind and filter on id (docs/pitfalls.md#stale-statistics).
-FREE_BY_ID = FREE.replace("kind = {p}", "kind || '' = {p}", 1)
+# Otherwise FREE (statements.py), as tests/test_statements.py checks.
+FREE_BY_ID = (
+    "kind || '' = {p} AND busy_before <= {now} AND enabled = {true}"
+    " AND (quarantined_until IS NULL OR quarantined_until <= {now})"
+)
 
-# Grant one chosen row (the holder's lock step): (holder, token, ttl, id, kind).
-GRANT_BY_ID = Returning("UPDATE {table} SET {grant_set} WHERE id = {p} AND " + FREE_BY_ID)
+# GRANTABLE with FREE_BY_ID: (kind, *line, [where]).
+GRANTABLE_BY_ID = "{free_by_id} AND {delay_over} AND {line_check}{own_filter}"
+
+# Grant one chosen row (the holder's lock step): (holder, token, ttl, id, kind, *line, [where]).
+GRANT_BY_ID = Returning("UPDATE {table} SET {grant_set} WHERE id = {p} AND {grantable_by_id}")
 
 # The probe's grant, by primary key, and SKIP LOCKED: a free row that another transaction has
 # locked (an operator's edit, a SELECT ... FOR UPDATE) is a miss, not a wait.
-# (holder, token, ttl, id, kind)
+# (holder, token, ttl, id, kind, *line, [where])
 GRANT_SAMPLED = Returning(
     "UPDATE {table} SET {grant_set}"
-    " WHERE id = (SELECT id FROM {table} WHERE id = {p} AND " + FREE_BY_ID + " FOR UPDATE SKIP LOCKED)"
+    " WHERE id = (SELECT id FROM {table} WHERE id = {p} AND {grantable_by_id} FOR UPDATE SKIP LOCKED)"
+)
+
+# The NOTIFY channel of the line of waiters: the payload names the line (JSON [kind, name]).
+LINE_CHANNEL = "rl_line"
+
+# Give a live grant back (RELEASE), and wake the row's line in the same statement: a NOTIFY,
+# delivered when the release commits, only while the row is marked (a waiter may be in line:
+# MARK_LINE; NOTIFY takes a lock at commit that every notifying transaction shares, so a
+# release nobody waits for skips it). One row if released. (id, holder, fence)
+RELEASE = (
+    "WITH r AS (UPDATE {table} SET busy_before = {freed_at}, released_at = {now}, grant_token = ''"
+    " WHERE {ours} RETURNING kind, name, line_until)"
+    " SELECT (SELECT pg_notify('{line_channel}', json_build_array(r.kind, r.name)::text)"
+    " WHERE r.line_until > {now}) FROM r"
+)
+
+
+# Give a read grant of an rwlock back (RW_READ_RELEASE), and wake the row's line when the last
+# reader of the period lets go, as RELEASE does. One row if released. (id, fence)
+RW_READ_RELEASE = (
+    "WITH r AS (UPDATE {table} SET {rw_read_give_back} WHERE {rw_read_ours} RETURNING kind, name, readers)"
+    " SELECT (SELECT pg_notify('{line_channel}', json_build_array(r.kind, r.name)::text)"
+    " WHERE r.readers = 0 AND EXISTS (SELECT 1 FROM {waiters} w WHERE w.kind = r.kind AND w.name = r.name"
+    " AND w.expires_at > {now})) FROM r"
 )
 
 
 #: Executions of one statement on a connection before psycopg prepares it (psycopg's default):
 #: a lease statement is prepared on its sixth run, a one-off read never.
 PREPARE_THRESHOLD = 5
+
+
+#: The lease statements on this vendor: the common ones, with these of its own.
+TEMPLATES: dict[str, str | Returning] = {
+    **statements.TEMPLATES,
+    "ACQUIRE_SCAN": ACQUIRE_SCAN,
+    "FREE_BY_ID": FREE_BY_ID,
+    "GRANTABLE_BY_ID": GRANTABLE_BY_ID,
+    "GRANT_BY_ID": GRANT_BY_ID,
+    "GRANT_SAMPLED": GRANT_SAMPLED,
+    "RELEASE": RELEASE,
+    "RW_READ_RELEASE": RW_READ_RELEASE,
+}
 
 
 class PostgreSQLDialect(Dialect):
@@ -52,18 +101,44 @@ class PostgreSQLDialect(Dialect):
     # old clock) and, being stable, lets the planner use the index
     # (docs/pitfalls.md#database-clock).
     now_sql = NOW_SQL["postgresql"]
-    templates = {
-        **Dialect.templates,
-        "ACQUIRE_SCAN": ACQUIRE_SCAN,
-        "GRANT_BY_ID": GRANT_BY_ID,
-        "GRANT_SAMPLED": GRANT_SAMPLED,
-    }
+    templates, item_templates, topic_templates = (
+        TEMPLATES,
+        item_sql.POSTGRESQL_TEMPLATES,
+        topic_sql.POSTGRESQL_TEMPLATES,
+    )
+    term_templates = term_sql.POSTGRESQL_TEMPLATES
+    json_cast = "CAST({} AS jsonb)"
+    where_types = {"str": "string", "int": "number", "true": "boolean", "false": "boolean", "null": "null"}
+    line_channel = LINE_CHANNEL
 
-    def expiry_sql(self) -> str:
-        return f"{self.now_sql} + make_interval(secs => %s)"
+    def pieces(self) -> dict[str, str]:
+        return {**super().pieces(), "line_channel": LINE_CHANNEL}
+
+    def expiry_sql(self, placeholder: str | None = None) -> str:
+        return f"{self.now_sql} + make_interval(secs => {placeholder or '%s'})"
 
     def ttl_param(self, ttl: float) -> Any:
         return float(ttl)
+
+    def delay_end_sql(self) -> str:
+        return "busy_before + make_interval(secs => lock_delay)"
+
+    def matches_sql(self, where: str, data: str) -> str:
+        # docs/pitfalls.md#json-compared. The filter's entries as rows; each key's value in the row must have the same jsonb
+        # type and text (->>: a string unquoted, a number as written, so 1 is not 1.0).
+        return (
+            f"NOT EXISTS (SELECT 1 FROM jsonb_to_recordset({where}) AS f(k text, t text, s text)"
+            f" WHERE NOT COALESCE(jsonb_typeof({data} -> f.k) = f.t AND (f.t = 'null' OR ({data} ->> f.k) = f.s),"
+            " FALSE))"
+        )
+
+    def release(self, cursor: Any, *, pk: int, holder: str, fence: int) -> bool:
+        cursor.execute(self.sql["RELEASE"], (pk, holder, fence))
+        return len(cursor.fetchall()) == 1
+
+    def read_release(self, cursor: Any, *, pk: int, fence: int) -> bool:
+        cursor.execute(self.sql["RW_READ_RELEASE"], (pk, fence))
+        return len(cursor.fetchall()) == 1
 
     def setup_session(self, raw_connection: Any, lock_wait_timeout: float) -> None:
         with raw_connection.cursor() as cursor:
@@ -80,6 +155,12 @@ class PostgreSQLDialect(Dialect):
         options.setdefault("keepalives_idle", max(1, round(io_timeout)))
         options.setdefault("keepalives_interval", 1)
         options.setdefault("keepalives_count", 3)
+        # Keepalives are not sent while a statement waits for its answer: when the network
+        # drops every packet (a partition, not a closed connection), the kernel retransmits
+        # for about 15 minutes before the read fails, and the keeper thread, every renewal of
+        # the process with it, waits that long. This bounds how long sent data may stay
+        # unacknowledged (libpq's tcp_user_timeout, in ms; tests/test_partitions.py).
+        options.setdefault("tcp_user_timeout", max(1000, round(io_timeout * 1000)))
         # Parse and plan each lease statement once per connection: bound parameters (Django's
         # default binds them into the text, which PostgreSQL must then parse and plan on every
         # execution: about 0.18 ms of server CPU per lease cycle here, docs/benchmarks.md) and
@@ -90,10 +171,27 @@ class PostgreSQLDialect(Dialect):
             options["prepare_threshold"] = PREPARE_THRESHOLD
 
     def grant_sampled(
-        self, cursor: Any, *, sampled: Row, kind: str, holder: str, token: str, ttl: float, clock: Any
+        self,
+        cursor: Any,
+        *,
+        sampled: Row,
+        kind: str,
+        holder: str,
+        token: str,
+        ttl: float,
+        clock: Any,
+        turn: Turn = NEWCOMER,
+        where: str | None = None,
     ) -> Row | None:
+        in_line = turn.forms[0]  # a probe is a guess: the scan after it tries the line form
         return self.returning_row(
-            cursor, self.sql["GRANT_SAMPLED"], (holder, token, self.ttl_param(ttl), sampled[0], kind)
+            cursor,
+            self.statement("GRANT_SAMPLED", where, in_line=in_line),
+            (
+                *self.grant_params(holder, token, self.ttl_param(ttl), turn),
+                sampled[0],
+                *self.grantable(kind, turn, where, in_line=in_line),
+            ),
         )
 
     def classify(self, exc: BaseException) -> Failure:

@@ -15,7 +15,24 @@ The pieces a template may use:
     The database's clock in UTC, and ``now + ttl`` whose ttl is the next parameter.
 ``{true}``, ``{false}``, ``{index_hint}``, ``{on_conflict_keep}``
     Vendor spellings (see ``Dialect``).
-``{free}``, ``{ours}``, ``{grant_set}``, ``{freed_at}``, ``{missing_row}``
+``{delay_end}``
+    The end of the row's lock delay: ``busy_before`` plus the row's ``lock_delay`` seconds.
+``{waiters}``, ``{json_param}``
+    The line of waiters' table (``models.Waiter``), and a placeholder for JSON text.
+``{waiter_matches}``, ``{param_matches}``
+    Whether the row's ``data`` has every key of a ``where`` filter with an equal value: the
+    filter of the waiter ``w`` (``Waiter.filter``), or the filter given as the next parameter
+    (the vendor's JSON functions; ``Dialect.encode_where`` writes what they compare).
+``{own_filter}``
+    Empty in the statements of a caller without a ``where=`` filter; `` AND {param_matches}``
+    in those with one.
+``{line_check}``
+    How a grant honours the line of waiters: ``LINE_CLEAR`` (the line form, for a caller with a
+    place in line, and for a newcomer when the other form found the row marked) or
+    ``UNMARKED`` (the newcomer's first try). ``Dialect.forms`` holds the statements in each
+    of the four forms (line form or not, with a filter or not); ``Dialect.sql`` is the line
+    form without a filter.
+``{free}``, ``{ours}``, ``{grant_set}``, ``{freed_at}``, ``{missing_row}``, ...
     The fragments below, rendered first: a template may use any template above it, by its
     name in lower case.
 ``{limit}``, ``{rows}``, ``{names}``
@@ -24,28 +41,38 @@ The pieces a template may use:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable, Mapping
 
-
-class Returning(NamedTuple):
-    """A single-row UPDATE and the row it changed.
-
-    The vendor's ``RETURNING`` template joins the parts: ``UPDATE ... RETURNING {returning}``,
-    or on MySQL, which has no RETURNING (docs/pitfalls.md#no-returning), the UPDATE and a
-    SELECT of the ``read_back`` row sent as one query. ``read_back`` names the changed row by
-    its own parameters, which the caller passes after the UPDATE's.
-    """
-
-    update: str
-    returning: str = "{columns}"
-    read_back: str = ""
-
+from resource_lease.db.returning import Returning as Returning  # where the vendors import it from
+from resource_lease.db.rw_statements import TEMPLATES as RW_TEMPLATES
 
 #: How a ``Returning`` becomes one statement.
 RETURNING = "{update} RETURNING {returning}"
 
 #: Pieces filled per call; any other unknown name in a template is an error.
-PER_CALL = ("limit", "rows", "names")
+PER_CALL = (
+    "limit",
+    "rows",
+    "names",
+    # the dispenser's (db/dispenser.py)
+    "pattern",
+    "pattern_r",
+    "pattern_plus",
+    "keys",
+    "fences",
+    "key_filter",
+    "fence_filter",
+    "tokens",
+    "token_order",
+    "ids",
+    "row_key",
+    "row_payload",
+    "matching",
+)
+
+#: The pieces of a ``Turn`` (who asks, as the line sees it) in LINE_CLEAR's order: the line's
+#: name ('' for any row of the kind), then the place's id, priority, priority, id, id.
+LINE_PARAMS = 6
 
 # -- fragments -------------------------------------------------------------------------------
 
@@ -63,14 +90,53 @@ FREE = (
     " AND (quarantined_until IS NULL OR quarantined_until <= {now})"
 )
 
+# The lock delay is over: the last grant was given back (a release or force release clears the
+# token: free at once), or asked for no delay, or expired more than its lock delay ago. A plain
+# comparison on the row's own columns (no subquery), judged by the database's clock.
+DELAY_OVER = "(grant_token = '' OR lock_delay = 0 OR {delay_end} <= {now})"
+
+# -- the line of waiters (models.Waiter) ---------------------------------------------------------
+
+# A grant's turn: no live waiter of the row's line (its kind, and its name or '' for any row)
+# that is ahead of the caller and whose where= the row matches. Ahead: a higher priority, or
+# the same and an older place. A caller without a live place (a newcomer, timeout=0; a waiter
+# paused past its place's ttl) has every live waiter ahead of it, so it never takes a row a
+# waiter is in line for. Newcomers pass place 0, which no place has.
+# (line name, id, priority, priority, id, id)
+LINE_CLEAR = (
+    "NOT EXISTS (SELECT 1 FROM {waiters} w WHERE w.kind = {table}.kind AND w.name = {p}"
+    " AND w.expires_at > {now} AND w.id <> {p}"
+    " AND (w.priority > {p} OR (w.priority = {p} AND w.id < {p})"
+    " OR NOT EXISTS (SELECT 1 FROM {waiters} me WHERE me.id = {p} AND me.expires_at > {now}))"
+    " AND (w.filter IS NULL OR {waiter_matches}))"
+)
+
+# The newcomer's first try: no waiter has marked the row (Resource.line_until, written by
+# the waiters before they take or keep a place: MARK_LINE). A plain comparison on the row,
+# because on MariaDB any subquery in the statement costs its optimizer more than the whole
+# grant otherwise does, executed or not (docs/pitfalls.md#subquery-cost). A marked row is
+# tried again in the line form (LINE_CLEAR), whose answer may be yes (the waiters left, or
+# their where= does not match). No parameters.
+UNMARKED = "(line_until IS NULL OR line_until <= {now})"
+
+# What a grant may take: free, past its lock delay, the caller's turn ({line_check}:
+# LINE_CLEAR, or UNMARKED for a newcomer's first try) and the caller's where= ({own_filter}).
+# (kind, [*line], [where])
+GRANTABLE = "{free} AND {delay_over} AND {line_check}{own_filter}"
+
 # The grant's SET list. Order matters on MySQL, which evaluates assignments left to right
 # with already-updated values (docs/pitfalls.md#set-order): read the old holder and token first.
+# (holder, token, ttl, lock_delay)
 GRANT_SET = (
     "took_over = (grant_token <> ''), previous_holder = holder,"
     " fence = fence + 1, holder = {p}, grant_token = {p},"
     " busy_before = {expiry}, acquired_at = {now}, renewed_at = {now},"
-    " released_at = NULL"
+    " released_at = NULL, lock_delay = {p}"
 )
+
+# When a row may next be granted, as far as its grant says: its expiry, or for a grant that
+# is not given back, the end of its lock delay (a waiter's next look).
+FREE_AT = "CASE WHEN grant_token <> '' AND lock_delay > 0 THEN {delay_end} ELSE busy_before END"
 
 # After release the row sorts as most recently used; a quarantine decided while it was held
 # takes effect now by pushing busy_before out of the acquire's index range.
@@ -82,16 +148,17 @@ MISSING_ROW = "({p}, {p}, {p}, {true}, {p}, '', 0, '', {false}, '', '', {now})"
 # -- grants ------------------------------------------------------------------------------------
 
 # Grant one chosen row (the holder's lock step, the probe) if it is free:
-# (holder, token, ttl, id, kind), read back by (id, token).
+# (holder, token, ttl, lock_delay, id, kind, *line, [where]), read back by (id, token).
 GRANT_BY_ID = Returning(
-    "UPDATE {table} SET {grant_set} WHERE id = {p} AND {free}",
+    "UPDATE {table} SET {grant_set} WHERE id = {p} AND {grantable}",
     read_back="id = {p} AND grant_token = {p}",
 )
 
 # Grant the row (kind, name) if it is free (locks, elections, members); the unique (kind,
-# name) index finds it: (holder, token, ttl, name, kind), read back by (kind, name, token).
+# name) index finds it: (holder, token, ttl, lock_delay, name, kind, *line), read back by
+# (kind, name, token).
 GRANT_BY_NAME = Returning(
-    "UPDATE {table} SET {grant_set} WHERE name = {p} AND {free}",
+    "UPDATE {table} SET {grant_set} WHERE name = {p} AND {grantable}",
     read_back="kind = {p} AND name = {p} AND grant_token = {p}",
 )
 
@@ -131,6 +198,82 @@ WAS_RELEASED = "SELECT 1 FROM {table} WHERE id = {p} AND holder = {p} AND fence 
 # whose answer was lost (docs/pitfalls.md#unknown-outcome). (kind, token)
 FIND_GRANT = "SELECT {columns} FROM {table} WHERE kind = {p} AND grant_token = {p} AND busy_before > {now}"
 
+# -- places in line ----------------------------------------------------------------------------
+
+# Mark the rows a waiter may be waiting for (the kind's rows matching its where=, or the
+# named row), before it takes or keeps a place: until the mark ends, a grant of them checks
+# the line. A mark lasts twice the place's ttl and is written again once less than 1.5 ttl of
+# it is left, so it always outlasts the places kept after it (RENEW_PLACE: at most one ttl);
+# a line kept by several waiters is marked about once every half ttl, by one of them.
+# (2 * ttl, kind, 1.5 * ttl, [where]); MARK_NAMED adds the name after the kind.
+MARK_LINE = "UPDATE {table} SET line_until = {expiry} WHERE kind = {p} AND (line_until IS NULL OR line_until < {expiry}){own_filter}"
+MARK_NAMED = (
+    "UPDATE {table} SET line_until = {expiry} WHERE kind = {p} AND name = {p}"
+    " AND (line_until IS NULL OR line_until < {expiry})"
+)
+
+# Take a place at the back of a line: (kind, name, holder, priority, filter, shared, token,
+# ttl), its id read back by (token).
+ENTER_LINE = Returning(
+    "INSERT INTO {waiters} (kind, name, holder, priority, filter, shared, token, since, expires_at)"
+    " VALUES ({p}, {p}, {p}, {p}, {json_param}, {p}, {p}, {now}, {expiry})",
+    returning="id",
+    read_back="token = {p}",
+    table="{waiters}",
+)
+
+# The place taken under a token, if that insert committed: settles an ENTER_LINE whose answer
+# was lost (docs/pitfalls.md#unknown-outcome). (token)
+FIND_PLACE = "SELECT id FROM {waiters} WHERE token = {p}"
+
+# Keep a live place: (ttl, id). A place already expired is lost: its waiter goes to the back.
+RENEW_PLACE = "UPDATE {waiters} SET expires_at = {expiry} WHERE id = {p} AND expires_at > {now}"
+
+# Leave the line (served, gave up, cancelled): (id).
+LEAVE_LINE = "DELETE FROM {waiters} WHERE id = {p}"
+
+# Places of a line that expired (their waiters died or were paused): they no longer count, and
+# whoever enters the line next drops them. (kind, name)
+PURGE_LINE = "DELETE FROM {waiters} WHERE kind = {p} AND name = {p} AND expires_at <= {now}"
+
+# A waiter's look at its line, all reads (no row lock, cheap enough to run often): whether its
+# place is live, how many live waiters are ahead of it (and how many of those have a where=
+# of their own: they may not want the rows it could take), whether a row it could take is
+# free (up to {limit} of them), when the first held row of the line expires, and the
+# database's clock.
+# Any row of a kind: (id, kind, id, priority, priority, id, kind, id, priority, priority, id,
+# kind, [where], kind).
+LOOK_ANY = (
+    "SELECT (SELECT COUNT(*) FROM {waiters} me WHERE me.id = {p} AND me.expires_at > {now}),"
+    " (SELECT COUNT(*) FROM {waiters} w WHERE w.kind = {p} AND w.name = '' AND w.expires_at > {now}"
+    " AND w.id <> {p} AND (w.priority > {p} OR (w.priority = {p} AND w.id < {p}))),"
+    " (SELECT COUNT(*) FROM {waiters} w WHERE w.kind = {p} AND w.name = '' AND w.expires_at > {now}"
+    " AND w.id <> {p} AND (w.priority > {p} OR (w.priority = {p} AND w.id < {p})) AND w.filter IS NOT NULL),"
+    " (SELECT COUNT(*) FROM (SELECT 1 FROM {table} {index_hint} WHERE {free} AND {delay_over}{own_filter}"
+    " LIMIT {limit}) f),"
+    " (SELECT MIN(busy_before) FROM {table} WHERE kind = {p} AND busy_before > {now} AND enabled = {true}),"
+    " {now}"
+)
+
+# The same for one named row (its line has no where= filters); the row frees up at the end of
+# its lock delay if its grant is not given back:
+# (id, kind, name, id, priority, priority, id, kind, name, kind, name).
+LOOK_NAMED = (
+    "SELECT (SELECT COUNT(*) FROM {waiters} me WHERE me.id = {p} AND me.expires_at > {now}),"
+    " (SELECT COUNT(*) FROM {waiters} w WHERE w.kind = {p} AND w.name = {p} AND w.expires_at > {now}"
+    " AND w.id <> {p} AND (w.priority > {p} OR (w.priority = {p} AND w.id < {p}))),"
+    " 0,"
+    " (SELECT COUNT(*) FROM {table} WHERE {free} AND {delay_over} AND name = {p}),"
+    " (SELECT MAX({free_at}) FROM {table} WHERE kind = {p} AND name = {p}),"
+    " {now}"
+)
+
+# The live places of a line in the order they are served, first {limit}: (kind, name).
+LINE_WAITERS = (
+    "SELECT id, holder, priority, since, expires_at FROM {waiters}"
+    " WHERE kind = {p} AND name = {p} AND expires_at > {now} ORDER BY priority DESC, id LIMIT {limit}"
+)
+
 # -- rows by kind and name ---------------------------------------------------------------------
 
 # (kind)
@@ -158,8 +301,13 @@ READ_NAMED = "SELECT {columns}, {now} FROM {table} WHERE kind = {p} AND name IN 
 TEMPLATES: dict[str, str | Returning] = {
     "OURS": OURS,
     "FREE": FREE,
+    "UNMARKED": UNMARKED,
+    "LINE_CLEAR": LINE_CLEAR,
+    "GRANTABLE": GRANTABLE,
     "GRANT_SET": GRANT_SET,
     "FREED_AT": FREED_AT,
+    "DELAY_OVER": DELAY_OVER,
+    "FREE_AT": FREE_AT,
     "MISSING_ROW": MISSING_ROW,
     "GRANT_BY_ID": GRANT_BY_ID,
     "GRANT_BY_NAME": GRANT_BY_NAME,
@@ -171,6 +319,17 @@ TEMPLATES: dict[str, str | Returning] = {
     "IS_HELD": IS_HELD,
     "WAS_RELEASED": WAS_RELEASED,
     "FIND_GRANT": FIND_GRANT,
+    "MARK_LINE": MARK_LINE,
+    "MARK_NAMED": MARK_NAMED,
+    "ENTER_LINE": ENTER_LINE,
+    "FIND_PLACE": FIND_PLACE,
+    "RENEW_PLACE": RENEW_PLACE,
+    "LEAVE_LINE": LEAVE_LINE,
+    "PURGE_LINE": PURGE_LINE,
+    "LOOK_ANY": LOOK_ANY,
+    "LOOK_NAMED": LOOK_NAMED,
+    "LINE_WAITERS": LINE_WAITERS,
+    **RW_TEMPLATES,
     "KIND_EXISTS": KIND_EXISTS,
     "LIMIT_SLOTS": LIMIT_SLOTS,
     "INSERT_MISSING": INSERT_MISSING,
@@ -180,29 +339,56 @@ TEMPLATES: dict[str, str | Returning] = {
 
 
 class _Pieces(dict[str, str]):
-    """The pieces for ``str.format_map``: a per-call name stays as it is, for ``fill``."""
+    """The pieces for ``str.format_map``: another template by its name in lower case
+    (rendered first, whatever the order of the set); a per-call name stays as it is, for
+    ``fill``; ``p_<name>`` is the named parameter ``name`` in the driver's style
+    (``pieces["named"]``, e.g. ``%({})s``), ``q_<name>`` the column ``name`` quoted
+    (``pieces["quote"]``, e.g. ``"{}"``)."""
+
+    def __init__(self, pieces: dict[str, str], render_one: Callable[[str], str | None]) -> None:
+        super().__init__(pieces)
+        self._render_one = render_one
 
     def __missing__(self, key: str) -> str:
         if key in PER_CALL:
             return "{" + key + "}"
-        raise KeyError(f"no piece {key!r} for a lease statement template")
+        if key.startswith("p_") and "named" in self:
+            return self["named"].format(key[2:])
+        if key.startswith("q_") and "quote" in self:
+            return self["quote"].format(key[2:])
+        rendered = self._render_one(key.upper())
+        if rendered is None:
+            raise KeyError(f"no piece {key!r} for a statement template")
+        return rendered
 
 
-def render(templates: dict[str, str | Returning], pieces: dict[str, str], returning: str) -> dict[str, str]:
-    """Every template with ``pieces`` put in, in order; each rendered one is a piece (its name in
-    lower case) for those after it. A ``Returning`` is joined by the vendor's ``returning``."""
-    known = _Pieces(pieces)
+def render(
+    templates: Mapping[str, str | Returning], pieces: dict[str, str], returning: str = RETURNING
+) -> dict[str, str]:
+    """Every template with ``pieces`` put in; a template may use any other of the set by its
+    name in lower case. A ``Returning`` is joined by the vendor's ``returning``."""
     sql: dict[str, str] = {}
-    for name, template in templates.items():
+
+    def render_one(name: str) -> str | None:
+        if name in sql:
+            return sql[name]
+        template = templates.get(name)
+        if template is None:
+            return None
         if isinstance(template, Returning):
             if "{read_back}" in returning and not template.read_back:
                 raise ValueError(f"{name} names no row to read back, and this vendor has no RETURNING")
             parts = {field: value.format_map(known) for field, value in template._asdict().items()}
-            text = returning.format(table=known["table"], **parts)
+            text = returning.format(**parts)
         else:
             text = template.format_map(known)
-        sql[name] = known[name.lower()] = text
-    return sql
+        sql[name] = text
+        return text
+
+    known = _Pieces(pieces, render_one)
+    for name in templates:
+        render_one(name)
+    return {name: sql[name] for name in templates}
 
 
 def fill(sql: str, **holes: str) -> str:

@@ -4,20 +4,27 @@
 ``events``     ``LeaseEvent``, the audit trail
 ``dispenser``  ``DispenserItem``
 ``topics``     ``Topic``, ``ConfigEntry``
+``counters``   ``Counter``
+``elections``  ``LeadershipTerm``, the log of an election's terms
+``line``       ``Waiter``, a caller's place in the line of waiters
 ``proxies``    the admin's proxies of ``Resource``: ``PoolOverview``, ``LockRow``,
-               ``SemaphoreSlot``, ``ElectionRow``, ``GroupMember``, ``BarrierOverview``
+               ``SemaphoreSlot``, ``RwLockRow``, ``ElectionRow``, ``GroupMember``, ``BarrierOverview``
 """
 
 from __future__ import annotations
 
+from resource_lease.models.counters import Counter
 from resource_lease.models.dispenser import DispenserItem
+from resource_lease.models.elections import LeadershipTerm
 from resource_lease.models.events import LeaseEvent
+from resource_lease.models.line import Waiter
 from resource_lease.models.proxies import (
     BarrierOverview,
     ElectionRow,
     GroupMember,
     LockRow,
     PoolOverview,
+    RwLockRow,
     SemaphoreSlot,
 )
 from resource_lease.models.resource import (
@@ -51,16 +58,20 @@ __all__ = [
     "STATES",
     "BarrierOverview",
     "ConfigEntry",
+    "Counter",
     "DispenserItem",
     "ElectionRow",
     "GroupMember",
+    "LeadershipTerm",
     "LeaseEvent",
     "LockRow",
     "PoolOverview",
     "Resource",
     "ResourceQuerySet",
+    "RwLockRow",
     "SemaphoreSlot",
     "Topic",
+    "Waiter",
     "expired_q",
     "free_q",
     "live_q",

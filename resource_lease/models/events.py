@@ -23,6 +23,7 @@ class LeaseEvent(models.Model):
     QUARANTINED = "quarantined"
     RESTORED = "restored"
     FORCE_RELEASED = "force_released"
+    TIMED_OUT = "timed_out"
     EVENTS = [
         (GRANTED, "granted"),
         # A grant that took a resource whose previous lease had expired unreleased.
@@ -35,6 +36,8 @@ class LeaseEvent(models.Model):
         (QUARANTINED, "quarantined"),
         (RESTORED, "restored"),
         (FORCE_RELEASED, "force-released"),
+        # A caller gave up waiting: none could be had within its timeout.
+        (TIMED_OUT, "timed out"),
     ]
 
     at = models.DateTimeField(help_text="When it happened, by the clock of the process that saw it.")
@@ -50,9 +53,15 @@ class LeaseEvent(models.Model):
     )
     expires_at = models.DateTimeField(null=True, blank=True, help_text="For a grant: its expiry (database clock).")
     actor = models.CharField(max_length=150, blank=True, default="", help_text="Who did an operator's action.")
+    waited = models.FloatField(
+        null=True, blank=True, help_text="For a grant or a time-out: seconds the caller waited (from its call)."
+    )
     detail = models.CharField(max_length=500, blank=True, default="")
 
     exact_text_fields: ClassVar[tuple[str, ...]] = ("kind", "name")
+
+    #: Events an operator (or a holder's ``lease.quarantine``) caused: ``actor`` says who.
+    OPERATIONS: ClassVar[frozenset[str]] = frozenset({QUARANTINED, RESTORED, FORCE_RELEASED})
 
     class Meta:
         ordering = ["-at", "-id"]
@@ -65,3 +74,25 @@ class LeaseEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.event} {self.kind}:{self.name}"
+
+    @property
+    def who(self) -> str:
+        """Who caused it: the operator for an operator's action, else the lease's holder."""
+        if self.event in self.OPERATIONS:
+            return self.actor or "-"
+        return self.holder or "-"
+
+    @property
+    def summary(self) -> str:
+        """The detail in words: whom a take-over or a force release cut off, how long a
+        caller waited, the operator's reason."""
+        parts = []
+        if self.event == self.TAKEN_OVER and self.previous_holder:
+            parts.append(f"took over from {self.previous_holder}")
+        if self.event == self.FORCE_RELEASED and self.holder:
+            parts.append(f"cut off {self.holder}")
+        elif self.detail:
+            parts.append(self.detail)
+        if self.waited is not None:
+            parts.append(f"waited {self.waited:.3f}s")
+        return "; ".join(parts)

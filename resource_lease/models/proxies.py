@@ -1,7 +1,7 @@
 """The admin's pages over the lease table: proxies of ``Resource`` with no data of their own.
 
 ``PoolOverview`` (the pools), and one page per family of coordination rows: ``LockRow``,
-``SemaphoreSlot``, ``ElectionRow`` (a manager that selects the family's kinds),
+``SemaphoreSlot``, ``RwLockRow``, ``ElectionRow`` (a manager that selects the family's kinds),
 ``GroupMember`` and ``BarrierOverview``.
 """
 
@@ -72,6 +72,18 @@ class ElectionRow(Resource):
         proxy = True
         verbose_name = "election"
         verbose_name_plural = "elections"
+
+
+class RwLockRow(Resource):
+    """The admin's page of read/write locks (``resource_lease.rwlock``): the rows of kind
+    ``@rwlock``, held by one writer or by ``readers`` readers."""
+
+    objects: ClassVar[_CoordinationManager] = _CoordinationManager(kind=f"{COORDINATION_PREFIX}rwlock")  # type: ignore[assignment]
+
+    class Meta:
+        proxy = True
+        verbose_name = "read/write lock"
+        verbose_name_plural = "read/write locks"
 
 
 class GroupMember(Resource):

@@ -156,7 +156,33 @@ class Resource(models.Model):
     )
     previous_holder = models.CharField(max_length=255, blank=True, default="")
 
+    # An rwlock's row (kind ``@rwlock``, recipes/rwlock.py) is held either by one writer (the
+    # grant columns above, readers 0) or by readers: a read period that lasts while its
+    # readers renew, ``busy_before`` the latest expiry any of them asked for.
+    readers = models.IntegerField(
+        default=0, db_default=0, help_text="An rwlock's read grants not given back in its current read period."
+    )
+    lock_delay = models.FloatField(
+        default=0.0,
+        db_default=0.0,
+        help_text="Seconds after the last grant expired unreleased before the row is granted again"
+        " (the lock delay its holder asked for); a released grant is free at once.",
+    )
+    read_fence = models.BigIntegerField(
+        default=0, db_default=0, help_text="The fence of the first read grant of an rwlock's current read period."
+    )
+
     created_at = models.DateTimeField(auto_now_add=True)
+
+    line_until = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text=(
+            "Someone may be waiting in line for this row until then: a grant then checks the line"
+            " (written by the waiters; docs/waiting.md#marks)."
+        ),
+    )
 
     #: Text columns compared exactly on every database (migration ``ExactCollation``,
     #: system check ``resource_lease.W010``): "PROXY" and "proxy " are not "proxy"

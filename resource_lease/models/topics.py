@@ -37,8 +37,9 @@ class Topic(models.Model):
 class ConfigEntry(models.Model):
     """One key of a live configuration namespace (``resource_lease.Config``).
 
-    ``type`` and ``default`` are written by every ``Config`` that declares the key (so the
-    admin can validate an edit); ``value`` is NULL while the key has no stored value (its
+    ``type`` is written by the first ``Config`` that declares the key and kept (so the
+    admin validates an edit the same way whatever process started last; ``Config.retype``
+    changes it), ``default`` by every declaration of that type; ``value`` is NULL while the key has no stored value (its
     default applies). Every change of ``value`` raises ``version`` by one.
     """
 

@@ -11,6 +11,7 @@ with their statements in ``resource_lease/db/`` (``dispenser.py``, ``topics.py``
 module             public names (re-exported from ``resource_lease``)
 =================  ================================================================
 ``locks``          ``lock``, ``semaphore``, ``synchronized`` (``LockHeld``)
+``rwlock``         ``rwlock`` (``arwlock`` in ``resource_lease.aio``)
 ``election``       ``Election``, ``leader_only``
 ``groups``         ``Group``
 ``barrier``        ``DoubleBarrier`` (``BarrierTimeout``)

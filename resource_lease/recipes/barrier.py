@@ -29,12 +29,11 @@ import time
 from typing import Any
 
 from resource_lease import named
-from resource_lease.conf import lease_settings
 from resource_lease.exceptions import BarrierTimeout, LeaseError, MemberTaken
-from resource_lease.lease import Lease, granted, refuse_inside_single_writer_transaction
+from resource_lease.lease import Lease
 from resource_lease.models import Resource
-from resource_lease.recipes.groups import check_member, process_holder
-from resource_lease.validation import check_alias, check_name, check_seconds, check_timeout
+from resource_lease.recipes.groups import check_member, member_row
+from resource_lease.validation import Options, check_name, check_timeout
 from resource_lease.waiting import wait_for
 
 logger = logging.getLogger("resource_lease")
@@ -92,11 +91,13 @@ class DoubleBarrier:
     ) -> None:
         self.name = check_name(name, "name")
         self.requested_size = _check_size(size)
-        self.ttl = check_seconds(lease_settings.TTL if ttl is None else ttl, "ttl")
+        self.options = Options.of(ttl=ttl, using=using)
+        self.ttl, self.using = self.options.ttl, self.options.using
         self.member = check_member(member)
-        self.using = check_alias(lease_settings.DATABASE if using is None else using)
         self.kind = member_kind(self.name)
-        self.holder = process_holder()
+        # Our place: the member row, renewed by the keeper while we wait and while inside.
+        self._row = member_row(self, "barrier")
+        self.holder = self._row.holder
         self.size = self.requested_size
         self.index = -1
         self.round = 0
@@ -118,7 +119,7 @@ class DoubleBarrier:
         honoured instead (``enter`` then returns it).
         """
         wait = check_timeout(timeout)
-        refuse_inside_single_writer_transaction(self.using, "DoubleBarrier.enter()")
+        self.options.refuse_in_transaction("DoubleBarrier.enter()")
         with self._lock:
             if self._lease is not None:
                 raise LeaseError(f"{self!r} is already inside (or waiting): leave() first")
@@ -149,7 +150,7 @@ class DoubleBarrier:
             taken, self._lease = self._lease, None
             if taken is not None and taken is not _PENDING:
                 try:
-                    taken.release()
+                    self._row.give_back()
                 except LeaseError:
                     logger.exception("barrier %r: giving back %r failed; it expires by itself", self.name, taken)
             raise
@@ -161,8 +162,7 @@ class DoubleBarrier:
         return list(self.cohort)
 
     def _take(self) -> Lease | None:
-        lease = named.try_grant(self.using, self.kind, self.member, holder=self.holder, ttl=self.ttl)
-        return None if lease is None else granted(lease, auto_renew=True)
+        return self._row.take()
 
     def _ours_in(self, state: dict[str, Any]) -> tuple[int, list[tuple[str, int]]] | None:
         assert self._lease is not None and self._lease is not _PENDING
@@ -179,6 +179,7 @@ class DoubleBarrier:
         assert self._lease is not None
         if self._lease.lost or not self._lease.remaining():
             # Our wait outlived our grant (a pause): take the row again, as a new arrival.
+            self._row.give_back()
             retaken = self._take()
             if retaken is not None:
                 self._lease = retaken
@@ -240,7 +241,7 @@ class DoubleBarrier:
                 found = self._ours_in(state)
                 if found is not None:
                     return found
-            lease.release()
+            self._row.give_back()
             self._lease = None
             return None
         finally:
@@ -258,7 +259,7 @@ class DoubleBarrier:
             if lease is None or lease is _PENDING:
                 raise LeaseError(f"{self!r} is not inside: enter() first")
             self._lease = None
-        lease.release()
+        self._row.give_back()
         frozen, round_ = self._frozen, self.round
 
         def all_left() -> bool | None:

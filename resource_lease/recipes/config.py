@@ -19,19 +19,19 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
-from resource_lease.db.connections import run_repeatable
-from resource_lease.db.topics import channel, statements
+from resource_lease.db.operations import ops
+from resource_lease.db.topics import channel
 from resource_lease.models import ConfigEntry
-from resource_lease.recipes.notifications import (
-    POLL,
-    Watch,
-    check_poll,
-    decode_json,
+from resource_lease.recipes.notifications import POLL, check_poll, decode_json
+from resource_lease.validation import (
+    check_callable,
+    check_name,
+    check_text,
     encode_json,
-    refuse_in_single_writer_transaction,
-    resolve_alias,
+    refuse_inside_single_writer_transaction,
+    resolve_using,
 )
-from resource_lease.validation import check_callable, check_name, check_text
+from resource_lease.watching import Watch
 
 logger = logging.getLogger("resource_lease")
 
@@ -93,19 +93,31 @@ def store_entry(entry: ConfigEntry, value: Any, *, using: str | None = None) -> 
     """Store ``value`` for an existing entry (None: back to its default), validated by the
     type recorded with it, through the same upsert as ``Config.set``; its new version."""
     text = None if value is None else encode_json(coerce(entry.type, value, entry.key), f"config key {entry.key!r}")
-    alias = resolve_alias(using)
-    refuse_in_single_writer_transaction(alias, "storing a config value")
+    alias = resolve_using(using)
+    refuse_inside_single_writer_transaction(alias, "storing a config value")
     default = encode_json(entry.default, "default")
     wake = channel("config", entry.namespace)
 
-    def statement(dialect: Any, cursor: Any) -> int:
-        return statements(dialect).set_value(cursor, entry.namespace, entry.key, entry.type, default, text, wake)
-
-    return run_repeatable(alias, statement, what=f"storing config {entry.namespace!r}:{entry.key!r}")
+    return ops(alias).set_config(
+        entry.namespace, entry.key, type_name=entry.type, default=default, value=text, channel=wake
+    )
 
 
 def _article(type_name: str) -> str:
     return "an" if type_name == "int" else "a"
+
+
+def _conflicts(stored: Mapping[str, str], declared: Mapping[str, str]) -> list[str]:
+    """The keys whose stored type is not the one declared here, sorted."""
+    return sorted(key for key, type_name in declared.items() if stored.get(key, type_name) != type_name)
+
+
+def _argument(type_name: str, value: Any, key: str, name: str) -> Any:
+    """``coerce`` for an argument other than the value of ``set``: its error names it."""
+    try:
+        return coerce(type_name, value, key)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
 
 
 def same(a: Any, b: Any) -> bool:
@@ -118,6 +130,8 @@ class Config:
     ``defaults`` declares the keys: a key's type is its default's (bool, int, float, str,
     list, dict). Constructing a Config records the keys' types and defaults in the database
     (for the admin); it is cheap to construct once per process, after ``django.setup()``.
+    The first declaration of a key fixes its type for every process: a Config declaring
+    another type is a ``ValueError`` (nothing written), and ``Config.retype`` changes it.
     """
 
     def __init__(
@@ -135,7 +149,7 @@ class Config:
             self._types[key] = type_name_of(default, f"defaults[{key!r}]")
             self._defaults[key] = copy.deepcopy(default)
         self.poll = check_poll(poll)
-        self.alias = resolve_alias(using)
+        self.using = resolve_using(using)
         self._channel = channel("config", self.namespace)
         self._lock = threading.Lock()
         self._stored: dict[str, tuple[int, Any]] = {}  # key: (version, value or the default)
@@ -187,20 +201,55 @@ class Config:
         value = coerce(self._types[key], value, key)
         self._write(key, encode_json(value, f"config key {key!r}"), value)
 
+    def compare_and_set(self, key: str, expected: Any, new: Any) -> bool:
+        """Store ``new`` for ``key`` only if its current value is ``expected`` (its default
+        counts when no value is stored): True if it was (and ``new`` is stored now), False if
+        the value was something else. Validated like ``set`` (KeyError for an unknown key,
+        ValueError naming ``expected`` or ``new`` for a value of the wrong type, nothing
+        written). The value is read, then written by one conditional statement that only
+        matches while the key's version is still the one read; a miss is read again, so a
+        concurrent change is never overwritten and False means the value really differed.
+        Watchers see a change as after ``set``. A connection lost during the write raises
+        ``OutcomeUnknown``."""
+        self._known(key)
+        type_name = self._types[key]
+        expected = _argument(type_name, expected, key, "expected")
+        new = _argument(type_name, new, key, "new")
+        text = encode_json(new, f"config key {key!r}")
+        refuse_inside_single_writer_transaction(self.using, "Config.compare_and_set()")
+        operations = ops(self.using)
+        while True:
+            rows = self._read()
+            found = [version for k, _, version in rows if k == key]
+            if not found:  # the key's row is gone (deleted in the admin): declare it again
+                self._declare()
+                continue
+            version, current = self._effective(rows)[key]
+            if not same(current, expected):
+                return False
+            if same(current, new):
+                return True  # nothing to change (a set would only raise the version)
+            if operations.compare_and_set_config(
+                self.namespace, key, version=version, value=text, channel=self._channel
+            ):
+                with self._lock:
+                    if version + 1 > self._stored.get(key, (0, None))[0]:
+                        self._stored[key] = (version + 1, new)
+                return True
+
     def reset(self, key: str) -> None:
         """Remove the stored value of ``key``: its default applies again (a change watchers see)."""
         self._known(key)
         self._write(key, None, self._defaults[key])
 
     def _write(self, key: str, text: str | None, value: Any) -> None:
-        refuse_in_single_writer_transaction(self.alias, "Config.set()")
+        refuse_inside_single_writer_transaction(self.using, "Config.set()")
         default = encode_json(self._defaults[key], "default")
         type_name = self._types[key]
 
-        def statement(dialect: Any, cursor: Any) -> int:
-            return statements(dialect).set_value(cursor, self.namespace, key, type_name, default, text, self._channel)
-
-        version = run_repeatable(self.alias, statement, what=f"Config({self.namespace!r}).set({key!r})")
+        version = ops(self.using).set_config(
+            self.namespace, key, type_name=type_name, default=default, value=text, channel=self._channel
+        )
         with self._lock:
             if version > self._stored.get(key, (0, None))[0]:
                 self._stored[key] = (version, value)
@@ -208,7 +257,7 @@ class Config:
     # -- watching --------------------------------------------------------------------
 
     def watch(self, callback: Callable[[str, Any, Any], Any], *, poll: float | None = None) -> Watch:
-        """Call ``callback(key, old, new)`` from one background thread whenever a key's value
+        """Call ``callback(key, old, new)`` (on the watch's callback thread) whenever a key's value
         changes after this call (by ``set``, the admin, any process). Changes close together
         may be coalesced (old is what the callback last saw); calls never overlap; a callback
         that raises is logged and the watch goes on. ``stop()`` ends it."""
@@ -217,7 +266,7 @@ class Config:
         interval = self.poll if poll is None else check_poll(poll)
         seen = self._effective(self._read())
 
-        def check() -> None:
+        def check(emit: Callable[..., None]) -> None:
             rows = self._read()
             now = self._effective(rows)
             for key in sorted(now):
@@ -228,14 +277,21 @@ class Config:
                 seen[key] = (version, value)
                 if same(old, value):
                     continue  # changed and changed back between two reads
-                try:
-                    callback(key, copy.deepcopy(old), copy.deepcopy(value))
-                except Exception:
-                    logger.exception("Config %r: the watch callback failed for %r; watching on", self.namespace, key)
+                emit(key, copy.deepcopy(old), copy.deepcopy(value))
 
         return Watch(
-            name=f"config:{self.namespace}", alias=self.alias, poll=interval, wake_channel=self._channel, check=check
+            name=f"config:{self.namespace}",
+            using=self.using,
+            poll=interval,
+            wake_channel=self._channel,
+            check=check,
+            callback=callback,
         ).start()
+
+    @property
+    def alias(self) -> str:
+        """The database alias (``using``), by its older name."""
+        return self.using
 
     # -- the database ----------------------------------------------------------------
 
@@ -246,21 +302,58 @@ class Config:
     def _declare(self) -> None:
         if not self._defaults:
             return
-        refuse_in_single_writer_transaction(self.alias, "Config()")
+        refuse_inside_single_writer_transaction(self.using, "Config()")
         declared = [(key, self._types[key], encode_json(self._defaults[key], "default")) for key in self.keys()]
 
-        def statement(dialect: Any, cursor: Any) -> None:
-            for key, type_name, default in declared:
-                statements(dialect).declare(cursor, self.namespace, key, type_name, default)
+        operations = ops(self.using)
+        # Refused before anything is written when the types read now conflict; read again
+        # after declaring: another process may have declared a key first, meanwhile.
+        self._refuse_conflicts(operations.config_types(self.namespace))
+        self._refuse_conflicts(operations.declare_config(self.namespace, declared))
 
-        run_repeatable(self.alias, statement, what=f"Config({self.namespace!r}) declaring its keys")
+    def _refuse_conflicts(self, stored: Mapping[str, str]) -> None:
+        conflicts = _conflicts(stored, self._types)
+        if not conflicts:
+            return
+        key = conflicts[0]
+        raise ValueError(
+            f"defaults[{key!r}] is {_article(self._types[key])} {self._types[key]}, but config"
+            f" {self.namespace!r} key {key!r} was declared {_article(stored[key])} {stored[key]} first (its type"
+            f" holds for every process, the admin included). To change it, run"
+            f" Config.retype({self.namespace!r}, {key!r}, <new default>) once, then deploy the code that"
+            " declares the new type."
+        )
+
+    @staticmethod
+    def retype(namespace: str, key: str, default: Any, *, using: str | None = None) -> None:
+        """Change the type (and default) of a declared key: the explicit step a change of type
+        needs, since the first declaration's type holds. A stored value that does not fit the
+        new type is removed (the default applies, watchers see the change); one that fits is
+        kept. Processes that still declare the old type are refused when they build their
+        ``Config``, and read the key's default meanwhile. KeyError for a key never declared."""
+        namespace = check_name(namespace, "namespace")
+        key = check_name(key, "key")
+        type_name = type_name_of(default, "default")
+        text = encode_json(default, "default")
+        alias = resolve_using(using)
+        refuse_inside_single_writer_transaction(alias, "Config.retype()")
+        operations = ops(alias)
+        if not operations.retype_config(namespace, key, type_name=type_name, default=text):
+            raise KeyError(f"config {namespace!r} has no declared key {key!r}")
+        stored = next((value for k, value, _ in operations.read_config(namespace) if k == key), None)
+        if stored is None:
+            return
+        try:
+            coerce(type_name, decode_json(stored), key)
+        except ValueError:
+            entry = ConfigEntry(namespace=namespace, key=key, type=type_name, default=default)
+            store_entry(entry, None, using=alias)
+            logger.warning(
+                "Config %r: the stored value of %r did not fit its new type %s: removed", namespace, key, type_name
+            )
 
     def _read(self) -> list[tuple[str, str | None, int]]:
-        rows = run_repeatable(
-            self.alias,
-            lambda dialect, cursor: statements(dialect).read_namespace(cursor, self.namespace),
-            what=f"Config({self.namespace!r}) reading",
-        )
+        rows = ops(self.using).read_config(self.namespace)
         self._merge(rows)
         return rows
 

@@ -8,10 +8,8 @@ no cleanup needed when a worker dies. See docs/dispenser.md.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
-import secrets
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,17 +17,15 @@ from django.db.models import Count, Q
 
 from resource_lease.conf import lease_settings
 from resource_lease.db import DbNow
-from resource_lease.db.base import Dialect
-from resource_lease.db.connections import Disconnected, run, run_repeatable
-from resource_lease.db.dispenser import item_statements
+from resource_lease.db.connections import database_errors
+from resource_lease.db.operations import ops
 from resource_lease.models import DispenserItem
-from resource_lease.validation import check_alias, check_seconds, check_text
+from resource_lease.validation import check_json, check_name, check_text, resolve_ttl, resolve_using
 
 logger = logging.getLogger("resource_lease")
 
 #: Rows per statement when putting or recreating a pool.
 CHUNK = 500
-MAX_NAME = 200
 MAX_KEY = 255
 
 
@@ -50,14 +46,6 @@ class WorkItem:
     expires_at: dt.datetime | None = field(default=None, compare=False)
 
 
-def check_name(value: Any, name: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-    if len(value) > MAX_NAME:
-        raise ValueError(f"{name} must be at most {MAX_NAME} characters, got {len(value)}")
-    return check_text(value, name)
-
-
 def check_key(value: Any, name: str = "key") -> str:
     if not isinstance(value, str) or value == "":
         raise ValueError(f"{name} must be a non-empty string, got {value!r}")
@@ -69,15 +57,6 @@ def check_key(value: Any, name: str = "key") -> str:
 def check_count(value: Any, name: str, *, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def check_payload(value: Any, name: str) -> Any:
-    try:
-        text = json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be JSON-serialisable: {exc}") from None
-    check_text(text, name)
     return value
 
 
@@ -95,19 +74,50 @@ def check_pattern(value: Any, name: str = "pattern") -> str | None:
     return check_text(value, name)
 
 
-def _statement(method: str, **kwargs: Any) -> Callable[[Dialect, Any], Any]:
-    """``ItemStatements.<method>(cursor, **kwargs)`` as a statement for ``run``."""
-    return lambda d, c: getattr(item_statements(d), method)(c, **kwargs)
-
-
-def _tokened(method: str, **kwargs: Any) -> Callable[[Dialect, Any, str], Any]:
-    """The same for an outcome statement, which also takes the token it writes."""
-    return lambda d, c, token: getattr(item_statements(d), method)(c, token=token, **kwargs)
-
-
 def _chunks(seq: Sequence[Any], size: int = CHUNK) -> Iterable[Sequence[Any]]:
     for i in range(0, len(seq), size):
         yield seq[i : i + size]
+
+
+def check_items(items: Mapping[str, Any] | Iterable[str], name: str) -> list[tuple[str, Any]]:
+    """(key, payload) pairs of a mapping of keys to JSON payloads, or of an iterable of keys."""
+    if isinstance(items, (str, bytes)):
+        raise ValueError(f"{name} must be a mapping of keys to payloads or an iterable of keys, got {items!r}")
+    if isinstance(items, Mapping):
+        pairs = [(check_key(k, f"{name} key"), check_json(v, f"{name}[{k!r}]")) for k, v in items.items()]
+    else:
+        try:
+            pairs = [(check_key(k, f"{name} key"), None) for k in items]
+        except TypeError:
+            raise ValueError(f"{name} must be a mapping or an iterable of keys, got {items!r}") from None
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"{name} must not repeat a key, got {key!r} twice")
+            seen.add(key)
+    return pairs
+
+
+def item_keys(items: Iterable[str | WorkItem], name: str = "keys") -> tuple[list[str], list[int] | None]:
+    """Keys, and their fences when given WorkItems (all keys or all WorkItems, none twice)."""
+    if isinstance(items, (str, WorkItem)):
+        items = [items]
+    keys: list[str] = []
+    fences: list[int] = []
+    kinds = set()
+    for item in items:
+        if isinstance(item, WorkItem):
+            kinds.add("item")
+            keys.append(check_key(item.key, name))
+            fences.append(item.fence)
+        else:
+            kinds.add("key")
+            keys.append(check_key(item, name))
+    if len(kinds) > 1:
+        raise ValueError(f"{name} must be all keys or all WorkItems, not a mix")
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"{name} must not repeat a key")
+    return keys, (fences if kinds == {"item"} else None)
 
 
 class Dispenser:
@@ -122,84 +132,43 @@ class Dispenser:
 
     def __init__(self, name: str, *, ttl: float | None = None, max_attempts: int = 3, using: str | None = None) -> None:
         self.name = check_name(name, "name")
-        self.ttl = check_seconds(300.0 if ttl is None else ttl, "ttl")
+        self.ttl = resolve_ttl(ttl, lease_settings.DISPENSER_TTL)
         self.max_attempts = check_count(max_attempts, "max_attempts")
-        self.using = check_alias(lease_settings.DATABASE if using is None else using)
+        self.using = resolve_using(using)
 
     def __repr__(self) -> str:
         return f"<Dispenser {self.name!r} ttl={self.ttl:g} max_attempts={self.max_attempts}>"
 
     # -- filling the pool ------------------------------------------------------------------
 
-    def _items(self, items: Mapping[str, Any] | Iterable[str], name: str) -> list[tuple[str, Any]]:
-        if isinstance(items, (str, bytes)):
-            raise ValueError(f"{name} must be a mapping of keys to payloads or an iterable of keys, got {items!r}")
-        if isinstance(items, Mapping):
-            pairs = [(check_key(k, f"{name} key"), check_payload(v, f"{name}[{k!r}]")) for k, v in items.items()]
-        else:
-            try:
-                pairs = [(check_key(k, f"{name} key"), None) for k in items]
-            except TypeError:
-                raise ValueError(f"{name} must be a mapping or an iterable of keys, got {items!r}") from None
-        return pairs
-
     def put(self, items: Mapping[str, Any] | Iterable[str]) -> int:
         """Add items (keys with JSON payloads, or keys alone); how many keys were new.
 
         Existing keys are left as they are, whatever their state.
         """
-        pairs = self._items(items, "items")
-        new = 0
-        for chunk in _chunks(pairs):
-            # Idempotent (INSERT ... ignoring duplicates): safe to repeat after a lost
-            # connection, though a repeat counts as new only what the first run had not added.
-            new += run_repeatable(
-                self.using,
-                _statement("put", dispenser=self.name, items=chunk),
-                what=f"putting items into {self.name!r}",
-            )
-        return new
+        pairs = check_items(items, "items")
+        # Idempotent (INSERT ... ignoring duplicates): repeated after a lost connection, a
+        # repeat counts as new only what the first run had not added.
+        return sum(ops(self.using).put_items(self.name, chunk) for chunk in _chunks(pairs))
 
     def recreate(self, mapping: Mapping[str, Any] | Iterable[str]) -> dict[str, int]:
-        """Make the pending pool exactly ``mapping`` (the seed's ``recreate_task_pool``).
+        """Make the pending pool exactly ``mapping`` (the Redis TaskDispenser's ``recreate_task_pool``).
 
         Pending items (and items whose claim expired) not in ``mapping`` are deleted; keys
         assigned to a live worker stay with it, untouched; done and failed keys in ``mapping``
         are queued again with attempts reset; new keys are added. Returns the numbers
         ``{"added", "requeued", "removed"}``.
         """
-        pairs = self._items(mapping, "mapping")
-        wanted = dict(pairs)
-        items = DispenserItem.objects.using(self.using).filter(dispenser=self.name)
-        removed = 0
-        stale = [
-            pk
-            for pk, key in items.filter(
-                Q(state=DispenserItem.PENDING) | Q(state=DispenserItem.ASSIGNED, expires_at__lte=DbNow())
-            ).values_list("id", "key")
-            if key not in wanted
-        ]
-        for chunk in _chunks(stale):
-            removed += run_repeatable(
-                self.using,
-                _statement("delete_unclaimed", dispenser=self.name, ids=chunk),
-                what=f"recreating {self.name!r}",
-            )
+        wanted = dict(check_items(mapping, "mapping"))
+        engine = ops(self.using)
+        stale = [pk for pk, key in engine.unclaimed_items(self.name) if key not in wanted]
+        removed = sum(engine.delete_unclaimed(self.name, chunk) for chunk in _chunks(stale))
         requeued = 0
-        keys = list(wanted)
-        for chunk in _chunks(keys):
-            now = DbNow()
-            rows = items.filter(key__in=chunk).annotate(
-                live=Count("id", filter=Q(state=DispenserItem.ASSIGNED, expires_at__gt=now))
-            )
-            for key, state, payload, live in rows.values_list("key", "state", "payload", "live"):
+        for chunk in _chunks(list(wanted)):
+            for key, state, payload, live in engine.items_by_key(self.name, chunk):
                 if live or (state == DispenserItem.PENDING and payload == wanted[key]):
                     continue
-                requeued += run_repeatable(
-                    self.using,
-                    _statement("requeue", dispenser=self.name, key=key, payload=wanted[key]),
-                    what=f"recreating {self.name!r}",
-                )
+                requeued += engine.requeue_item(self.name, key, wanted[key])
         added = self.put(wanted)
         return {"added": added, "requeued": requeued, "removed": removed}
 
@@ -216,200 +185,91 @@ class Dispenser:
         worker = check_name(worker, "worker")
         limit = check_count(limit, "limit")
         pattern = check_pattern(pattern)
-        # Own items are claimed under one token, new ones under another: the read-back by
-        # these tokens returns the own ones first.
-        own_token, token = secrets.token_hex(16), secrets.token_hex(16)
-        name, ttl, max_attempts = self.name, self.ttl, self.max_attempts
-        what = f"assigning items of {name!r} to {worker!r}"
-        try:
-            got = run(
-                self.using,
-                lambda d, c: item_statements(d).reclaim_own(
-                    c, dispenser=name, worker=worker, token=own_token, ttl=ttl, max_attempts=max_attempts
-                ),
-                what=what,
-            )
-            if got < limit:
-                got += run(
-                    self.using,
-                    lambda d, c: item_statements(d).claim_pending(
-                        c, dispenser=name, worker=worker, token=token, ttl=ttl, n=limit - got, pattern=pattern
-                    ),
-                    what=what,
-                )
-            if got < limit:
-                run(
-                    self.using,
-                    lambda d, c: item_statements(d).fail_expired(c, dispenser=name, max_attempts=max_attempts),
-                    what=what,
-                )
-                got += run(
-                    self.using,
-                    lambda d, c: item_statements(d).claim_expired(
-                        c,
-                        dispenser=name,
-                        worker=worker,
-                        token=token,
-                        ttl=ttl,
-                        n=limit - got,
-                        pattern=pattern,
-                        max_attempts=max_attempts,
-                    ),
-                    what=what,
-                )
-        except Disconnected as exc:
-            # A connection lost during a statement's commit leaves its outcome unknown, and
-            # running it again blindly could claim twice: whatever this assign claimed
-            # carries its token, so the read below settles it (docs/pitfalls.md#unknown-outcome).
-            logger.warning("connection lost while %s; settling by reading back: %s", what, exc)
-        rows = run_repeatable(
-            self.using,
-            lambda d, c: item_statements(d).claimed(c, dispenser=name, worker=worker, tokens=(own_token, token)),
-            what=what,
+        rows = ops(self.using).claim_items(
+            self.name, worker, limit=limit, ttl=self.ttl, max_attempts=self.max_attempts, pattern=pattern
         )
         items = [
-            WorkItem(key, payload, attempts, fence, name, expiry) for _pk, key, payload, attempts, fence, expiry in rows
+            WorkItem(key, payload, attempts, fence, self.name, expiry)
+            for _pk, key, payload, attempts, fence, expiry in rows
         ]
         if len(items) > limit:
             self.release(worker, items[limit:])
             items = items[:limit]
         return items
 
-    def _outcomes(
-        self, method: str, worker: str, keys: list[str], fences: list[int] | None, what: str, **extra: Any
+    def _finish(
+        self, outcome: str, worker: str, keys: list[str], fences: list[int] | None, what: str, **values: Any
     ) -> int:
-        """Run the outcome statement ``method`` over ``keys`` (and their fences) in chunks;
-        how many rows it changed in all."""
+        """Record ``outcome`` for ``keys`` (and their fences) in chunks (no keys: every live
+        claim of the worker); how many rows it changed in all."""
+        engine = ops(self.using)
         total = 0
-        for i, chunk in enumerate(_chunks(keys)):
+        for i, chunk in enumerate(list(_chunks(keys)) or [[]]):
             fchunk = None if fences is None else fences[i * CHUNK : (i + 1) * CHUNK]
-            statement = _tokened(method, dispenser=self.name, worker=worker, keys=chunk, fences=fchunk, **extra)
-            total += self._outcome(worker, statement, what)
+            total += engine.finish_items(outcome, self.name, worker, chunk, fchunk, what=what, **values)
         return total
-
-    def _outcome(self, worker: str, statement: Any, what: str) -> int:
-        """Run an outcome statement ``statement(dialect, cursor, token)`` that writes a fresh
-        token on the rows it changes; a count lost with the connection is settled by running
-        it again (it matches nothing the first run changed) and counting the token's rows."""
-        token = secrets.token_hex(16)
-        try:
-            return int(run(self.using, lambda d, c: statement(d, c, token), what=what))
-        except Disconnected as exc:
-            logger.warning("connection lost while %s; settling by reading back: %s", what, exc)
-
-        def settle(d: Any, c: Any) -> int:
-            statement(d, c, token)
-            return item_statements(d).count_token(c, dispenser=self.name, worker=worker, token=token)
-
-        return int(run_repeatable(self.using, settle, what=what))
-
-    def _keys(self, items: Iterable[str | WorkItem], name: str = "keys") -> tuple[list[str], list[int] | None]:
-        if isinstance(items, (str, WorkItem)):
-            items = [items]
-        keys: list[str] = []
-        fences: list[int] = []
-        kinds = set()
-        for item in items:
-            if isinstance(item, WorkItem):
-                kinds.add("item")
-                keys.append(check_key(item.key, name))
-                fences.append(item.fence)
-            else:
-                kinds.add("key")
-                keys.append(check_key(item, name))
-        if len(kinds) > 1:
-            raise ValueError(f"{name} must be all keys or all WorkItems, not a mix")
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"{name} must not repeat a key")
-        return keys, (fences if kinds == {"item"} else None)
 
     def done(self, worker: str, keys: Iterable[str | WorkItem], result: Any = None) -> int:
         """Mark items done; how many were: only live claims of ``worker`` count (with the
         fence checked too when given WorkItems). A refused item keeps the state another
         worker gave it."""
         worker = check_name(worker, "worker")
-        key_list, fences = self._keys(keys)
-        result = check_payload(result, "result")
-        return self._outcomes(
-            "done", worker, key_list, fences, f"marking items of {self.name!r} done for {worker!r}", result=result
-        )
+        key_list, fences = item_keys(keys)
+        result = check_json(result, "result")
+        if not key_list:
+            return 0
+        what = f"marking items of {self.name!r} done for {worker!r}"
+        return self._finish("done", worker, key_list, fences, what, result=result)
 
     def fail(self, worker: str, keys: Iterable[str | WorkItem], error: str = "") -> int:
         """Give items back as failed attempts: to the pool, or failed for good once their
         attempts reach ``max_attempts``. Counts only live claims of ``worker``."""
         worker = check_name(worker, "worker")
-        key_list, fences = self._keys(keys)
+        key_list, fences = item_keys(keys)
         if not isinstance(error, str):
             raise ValueError(f"error must be a string, got {error!r}")
         error = check_text(error, "error")
-        return self._outcomes(
-            "fail",
-            worker,
-            key_list,
-            fences,
-            f"failing items of {self.name!r} for {worker!r}",
-            error=error,
-            max_attempts=self.max_attempts,
-        )
+        if not key_list:
+            return 0
+        what = f"failing items of {self.name!r} for {worker!r}"
+        return self._finish("fail", worker, key_list, fences, what, error=error, max_attempts=self.max_attempts)
 
     def release(self, worker: str, keys: Iterable[str | WorkItem] | None = None) -> int:
         """Give the worker's live claims (all, or these) back to the pool, not counted as
         attempts: a graceful stop. How many were given back."""
         worker = check_name(worker, "worker")
-        key_list, fences = ([], None) if keys is None else self._keys(keys)
+        key_list, fences = ([], None) if keys is None else item_keys(keys)
         if keys is not None and not key_list:
             return 0
-        chunks = list(_chunks(key_list)) or [[]]
-        total = 0
-        for i, chunk in enumerate(chunks):
-            fchunk = None if fences is None else fences[i * CHUNK : (i + 1) * CHUNK]
-            total += self._outcome(
-                worker,
-                _tokened("release", dispenser=self.name, worker=worker, keys=chunk, fences=fchunk),
-                f"releasing items of {self.name!r} held by {worker!r}",
-            )
-        return total
+        return self._finish("release", worker, key_list, fences, f"releasing items of {self.name!r} held by {worker!r}")
 
     def retry_failed(self, keys: Iterable[str] | None = None) -> int:
         """Queue failed items (all, or these keys) again with attempts reset; how many.
         The last error stays on the item until its next outcome."""
-        key_list, _ = ([], None) if keys is None else self._keys(keys)
+        key_list, _ = ([], None) if keys is None else item_keys(keys)
         if keys is not None and not key_list:
             return 0
-        return sum(
-            run_repeatable(
-                self.using,
-                _statement("retry_failed", dispenser=self.name, keys=chunk),
-                what=f"retrying failed items of {self.name!r}",
-            )
-            for chunk in (list(_chunks(key_list)) or [[]])
-        )
+        engine = ops(self.using)
+        return sum(engine.retry_failed(self.name, chunk) for chunk in (list(_chunks(key_list)) or [[]]))
 
     def renew(self, worker: str, keys: Iterable[str | WorkItem] | None = None) -> int:
         """Extend the worker's live claims (all, or these) by ``ttl`` from now; how many."""
         worker = check_name(worker, "worker")
-        key_list, fences = ([], None) if keys is None else self._keys(keys)
+        key_list, fences = ([], None) if keys is None else item_keys(keys)
         if keys is not None and not key_list:
             return 0
+        engine = ops(self.using)
         total = 0
         for i, chunk in enumerate(list(_chunks(key_list)) or [[]]):
             fchunk = None if fences is None else fences[i * CHUNK : (i + 1) * CHUNK]
-            total += run_repeatable(
-                self.using,
-                _statement("renew", dispenser=self.name, worker=worker, keys=chunk, fences=fchunk, ttl=self.ttl),
-                what=f"renewing items of {self.name!r} held by {worker!r}",
-            )
+            total += engine.renew_claims(self.name, worker, chunk, fchunk, self.ttl)
         return total
 
     def check(self, worker: str, keys: Iterable[str | WorkItem]) -> bool:
         """True when these are exactly the worker's live claims (and fences, for WorkItems)."""
         worker = check_name(worker, "worker")
-        key_list, fences = self._keys(keys)
-        claims = run_repeatable(
-            self.using,
-            lambda d, c: item_statements(d).live_claims(c, dispenser=self.name, worker=worker),
-            what=f"checking items of {self.name!r} held by {worker!r}",
-        )
+        key_list, fences = item_keys(keys)
+        claims = ops(self.using).live_claims(self.name, worker)
         if fences is None:
             return sorted(k for k, _ in claims) == sorted(key_list)
         return sorted(claims) == sorted(zip(key_list, fences, strict=True))
@@ -423,15 +283,22 @@ class Dispenser:
             self.name, {"pending": 0, "assigned": 0, "done": 0, "failed": 0}
         )
 
-    def is_empty(self) -> bool:
-        """Whether nothing is pending or assigned (``run(until_empty=True)`` stops then)."""
-        return not (
-            DispenserItem.objects.using(self.using)
-            .filter(dispenser=self.name, state__in=[DispenserItem.PENDING, DispenserItem.ASSIGNED])
-            .exists()
-        )
+    def is_empty(self, *, pattern: str | None = None) -> bool:
+        """Whether nothing is pending or assigned (with ``pattern``: nothing whose key it
+        matches, so nothing a worker with that pattern could ever claim)."""
+        return self.unfinished(pattern=pattern)[1] == 0
+
+    def unfinished(self, *, pattern: str | None = None) -> tuple[int, int]:
+        """``(pending or assigned items, how many of them pattern matches)``; without a
+        pattern both are the same. The keys are matched by the database, as ``assign`` does."""
+        return ops(self.using).unfinished_items(self.name, check_pattern(pattern))
+
+    def finished(self, keys: Sequence[str]) -> list[tuple[str, str]]:
+        """``(key, "done" or "failed")`` of these keys that are finished."""
+        return [pair for chunk in _chunks(list(keys)) for pair in ops(self.using).finished_items(self.name, chunk)]
 
     def items(self, *, state: str | None = None) -> list[DispenserItem]:
+        """The items as rows (for operators and tests: an ORM read on your connection)."""
         rows = DispenserItem.objects.using(self.using).filter(dispenser=self.name).order_by("id")
         if state is not None:
             rows = rows.filter(state=state)
@@ -459,4 +326,5 @@ def dispenser_counts(
         )
         .order_by("dispenser")
     )
-    return {row["dispenser"]: {k: int(row[k]) for k in ("pending", "assigned", "done", "failed")} for row in per}
+    with database_errors(using, "counting the dispensers' items"):
+        return {row["dispenser"]: {k: int(row[k]) for k in ("pending", "assigned", "done", "failed")} for row in per}

@@ -7,7 +7,7 @@ database's clock), and the hand-over state is the row's data, written only by a 
 statement (holder, fence and expiry checked by the database), so a leader that was paused
 past its ttl cannot overwrite what its successor saved.
 
-``leader_only`` (the seed's APScheduler ``MutexScheduler``) turns a periodic job into one
+``leader_only`` (a hand-written APScheduler ``MutexScheduler``, replaced) turns a periodic job into one
 that runs on one server at a time, with the state each run returns handed to the next run,
 wherever that runs.
 """
@@ -15,7 +15,6 @@ wherever that runs.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import threading
@@ -24,19 +23,16 @@ from typing import Any
 
 from resource_lease import named
 from resource_lease.conf import lease_settings
-from resource_lease.db.connections import close_connections
+from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseError, LeaseLost, NoResourceAvailable
-from resource_lease.lease import Lease, granted, process_identity, refuse_inside_single_writer_transaction
+from resource_lease.keeper import dispatch, keeper
+from resource_lease.lease import Lease, process_identity
+from resource_lease.line import Line, Wait
+from resource_lease.recipes.notifications import POLL, check_poll
+from resource_lease.recipes.observing import LeadershipFeed, OnChange, observe, observers_channel
 from resource_lease.renewal import renewer
-from resource_lease.validation import (
-    check_alias,
-    check_callable,
-    check_holder,
-    check_name,
-    check_seconds,
-    check_timeout,
-)
-from resource_lease.waiting import Backoff, wait_for
+from resource_lease.validation import Options, check_callable, check_json_dict, check_name, check_timeout
+from resource_lease.watching import Watch
 
 logger = logging.getLogger("resource_lease")
 
@@ -54,15 +50,7 @@ def default_candidate() -> str:
 
 def check_state(value: Any, name: str = "state") -> dict[str, Any]:
     """A hand-over state: a dict with string keys that JSON can store as it is."""
-    if not isinstance(value, dict):
-        raise ValueError(f"{name} must be a dict, got {value!r}")
-    if not all(isinstance(key, str) for key in value):
-        raise ValueError(f"{name} must have string keys, got {sorted(map(repr, value))}")
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be JSON-serialisable: {exc}") from exc
-    return value
+    return check_json_dict(value, name)
 
 
 class Election:
@@ -70,25 +58,37 @@ class Election:
 
     ``holder`` names this candidate (default ``"<hostname>:<pid>"``); ``ttl`` is how long
     leadership outlives a leader that stops renewing it (default ``RESOURCE_LEASE["TTL"]``).
-    Safe to share between the threads of one process.
+    Safe to share between the threads of one process. The candidate's row is a
+    ``named.KeptRow``: renewed by the process's keeper, and with ``start()`` taken again by
+    the keeper after every loss.
     """
 
     def __init__(
         self, name: str, *, ttl: float | None = None, holder: str | None = None, using: str | None = None
     ) -> None:
         self.name = check_name(name, "name")
-        self.ttl = check_seconds(lease_settings.TTL if ttl is None else ttl, "ttl")
-        self.holder = check_holder(holder) or default_candidate()
-        self.using = check_alias(lease_settings.DATABASE if using is None else using)
+        self.options = Options.of(ttl=ttl, using=using, holder=holder, default_holder=default_candidate)
+        self.ttl, self.using, self.holder = self.options.ttl, self.options.using, self.options.holder
         self._lock = threading.RLock()
-        self._lease: Lease | None = None
         #: The leadership that start()'s on_elected announced and on_revoked has not closed.
         self._announced: Lease | None = None
         self._on_elected: OnElected | None = None
         self._on_revoked: OnRevoked | None = None
-        self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()
-        self._wake = threading.Event()
+        self._started = False
+        self._row = named.KeptRow(
+            self.using,
+            KIND,
+            self.name,
+            holder=self.holder,
+            ttl=self.ttl,
+            owner=self,
+            on_gained=self._gained,
+            on_lost=self._lost,
+            # One retry interval before standing again: the other candidates, who try at
+            # least that often, get the leadership we just gave up or lost.
+            pause_after_loss=float(lease_settings.BACKOFF_MAX),
+            what=f"election {self.name!r}",
+        )
 
     def __repr__(self) -> str:
         return f"<Election {self.name!r} holder={self.holder!r}{' leader' if self.lease else ''}>"
@@ -100,11 +100,7 @@ class Election:
         """This candidate's leadership as far as this process knows (not released, not
         known lost), or None. ``lease.check()`` before leader work; ``lease.fence`` for
         fenced writes elsewhere."""
-        with self._lock:
-            lease = self._lease
-        if lease is None or lease.released or lease.lost:
-            return None
-        return lease
+        return self._row.lease
 
     def campaign(self, timeout: float | None = None) -> Lease:
         """Become the leader: wait up to ``timeout`` seconds (None: for ever, 0: one try).
@@ -113,40 +109,96 @@ class Election:
         or loss. Already leader: the same lease. Raises ``NoResourceAvailable`` naming
         the current leader when the timeout runs out.
         """
+        return self._campaigning(timeout).run()
+
+    async def acampaign(self, timeout: float | None = None) -> Lease:
+        """``campaign()`` for async code: waits without blocking the event loop."""
+        from resource_lease.aio import arun, in_thread
+
+        return await arun(await in_thread(self._campaigning, timeout))
+
+    async def aresign(self) -> bool:
+        """``resign()`` for async code."""
+        from resource_lease.aio import in_thread
+
+        return await in_thread(self.resign)
+
+    async def __aenter__(self) -> Election:
+        """``async with Election(name) as election:`` campaigns (for as long as it takes) and
+        resigns on the way out."""
+        await self.acampaign()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aresign()
+
+    def _campaigning(self, timeout: float | None) -> Wait[Lease]:
+        # In the election's line: candidates that campaign() are served in the order they
+        # asked (start()'s background candidates try as newcomers, behind them).
         wait = check_timeout(timeout)
-        refuse_inside_single_writer_transaction(self.using, "campaign()")
-        current = self.lease
-        if current is not None:
-            return current
-        lease = wait_for(lambda: self._grant_once(auto_renew=True), timeout=wait)
-        if lease is None:
-            record = self.record()
-            raise NoResourceAvailable(
-                f"election {self.name!r} was not won within {wait:g}s: {record['leader']!r} leads"
-                f" until {record['expires_at']} (database clock)",
-                kind=KIND,
-            )
-        return lease
+        self.options.refuse_in_transaction("campaign()")
+
+        def conclude(lease: Lease | None) -> Lease:
+            if lease is None:
+                record = self.record()
+                raise NoResourceAvailable(
+                    f"election {self.name!r} was not won within {wait:g}s: {record['leader']!r} leads"
+                    f" until {record['expires_at']} (database clock)",
+                    kind=KIND,
+                )
+            return lease
+
+        return Wait(
+            Line(self.using, KIND, self.name),
+            lambda turn: self._row.take(turn=turn),
+            conclude,
+            timeout=wait,
+            holder=self.holder,
+            ttl=self.ttl,
+        )
 
     def _grant_once(self, *, auto_renew: bool) -> Lease | None:
-        lease = named.try_grant(self.using, KIND, self.name, holder=self.holder, ttl=self.ttl, on_lost=self._lost)
-        if lease is None:
-            return None
-        with self._lock:
-            self._lease = lease
+        """One attempt (``leader_only``'s is renewed only while its body runs)."""
+        return self._row.take(auto_renew=auto_renew)
+
+    def _gained(self, lease: Lease) -> bool:
+        # Written down before anyone is told, while the grant is live: a leader that acts is
+        # in the log its observers read (recipes/observing.py). Not written (the grant was
+        # already lost, or the database failed): given back, as if never won.
+        try:
+            recorded = ops(self.using).record_term(
+                KIND, self.name, fence=lease.fence, holder=self.holder, channel=observers_channel(self.name)
+            )
+        except LeaseError as exc:
+            logger.warning("election %r: writing down term %d failed; giving it back: %s", self.name, lease.fence, exc)
+            return False
+        if not recorded:
+            logger.warning("election %r: term %d was lost before it was written down", self.name, lease.fence)
+            return False
         logger.info("elected: %s leads %r (fence %d)", self.holder, self.name, lease.fence)
-        return granted(lease, auto_renew=auto_renew)
+        with self._lock:
+            announce = self._started
+            if announce:
+                self._announced = lease
+            callback = self._on_elected
+        if announce and callback is not None:
+            dispatch(self, callback, lease)
+        return True
 
     def resign(self) -> bool:
         """Step down. True if we were the leader (the leadership is free for others now)."""
-        with self._lock:
-            lease, self._lease = self._lease, None
+        lease, released = self._row.give_back()
         if lease is None:
             return False
-        released = lease.release()
+        self._wake_observers()
         self._revoked(lease, "resigned")
-        self._wake.set()
         return released
+
+    def _wake_observers(self) -> None:
+        try:
+            ops(self.using).wake_observers(observers_channel(self.name))
+        except LeaseError as exc:  # they find out at their next poll
+            logger.info("election %r: waking its observers failed: %s", self.name, exc)
 
     def is_leader(self) -> bool:
         """Whether the database has this candidate as the live leader right now."""
@@ -177,6 +229,25 @@ class Election:
             "expires_at": live.busy_before if live is not None else None,
             "state": dict(row.data or {}) if row is not None else {},
         }
+
+    # -- observing -------------------------------------------------------------------
+
+    def observe(self, callback: OnChange, *, poll: float = POLL) -> Watch:
+        """Follow the leadership without campaigning: ``callback(leader, fence)`` with the
+        state now, then for every change, in order, none skipped: each new term (its leader's
+        holder id and its fence), and ``(None, fence)`` when nobody leads (fence: the last
+        term's). Calls run one at a time on the watch's callback thread; woken at once on
+        PostgreSQL, else polled every ``poll`` seconds (one read of the row, and one of the
+        leadership log when the fence moved). ``stop()`` on the returned handle ends it."""
+        if check_callable(callback, "callback") is None:
+            raise ValueError("callback must be callable, got None")
+        return observe(KIND, self.name, self.using, callback, poll=check_poll(poll))
+
+    def watch(self, *, poll: float = POLL) -> LeadershipFeed:
+        """``observe`` as an iterator of ``(leader, fence)``: ``for`` in a thread, ``async
+        for`` in a coroutine (never blocking the event loop), the state now first; ``stop()``
+        (or leaving ``with`` / ``async with``) ends it."""
+        return LeadershipFeed(KIND, self.name, self.using, poll=check_poll(poll))
 
     # -- hand-over state -------------------------------------------------------------
 
@@ -214,88 +285,55 @@ class Election:
         finally:
             self.resign()
 
-    def start(self, on_elected: OnElected | None = None, on_revoked: OnRevoked | None = None) -> None:
-        """Campaign in a background thread; again after every loss, until ``stop()``.
+    def start(
+        self,
+        on_elected: OnElected | None = None,
+        on_revoked: OnRevoked | None = None,
+        *,
+        on_deposed: OnRevoked | None = None,
+    ) -> None:
+        """Campaign in the background (the process's keeper); again after every loss, until
+        ``stop()``.
 
-        ``on_elected(lease)`` is called (in that thread) each time we become leader;
-        ``on_revoked(reason)`` once when that leadership ends: lost (in the thread that
-        noticed: the renewal thread, or yours in ``check()``/``save_state()``/
-        ``is_leader()``, before it raises), or resigned. Keep both short.
+        ``on_elected(lease)`` is called each time we become leader; ``on_revoked(reason)``
+        once when that leadership ends: lost, or resigned (``on_deposed`` is another name for
+        it, as etcd and client-go users know it; give one of the two). Both run in order, one at a time,
+        on this election's callback thread when the keeper noticed (never on the keeper's
+        own), or in your thread when it noticed (``check()``, ``save_state()``,
+        ``is_leader()``, ``resign()``), before that returns or raises.
         """
         check_callable(on_elected, "on_elected")
         check_callable(on_revoked, "on_revoked")
+        check_callable(on_deposed, "on_deposed")
+        if on_revoked is not None and on_deposed is not None:
+            raise ValueError("on_deposed is another name for on_revoked: give one of the two")
+        on_revoked = on_revoked if on_revoked is not None else on_deposed
         with self._lock:
-            if self._thread is not None and self._thread.is_alive():
+            if self._started:
                 raise LeaseError(f"{self!r} is already started")
             self._on_elected, self._on_revoked = on_elected, on_revoked
-            self._stopping.clear()
-            self._thread = threading.Thread(
-                target=self._campaign_forever, name=f"resource-lease-election:{self.name}"[:60], daemon=True
-            )
-            self._thread.start()
+            self._started = True
+        keeper().callbacks.pin(self)
+        self._row.keep()
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop campaigning, resign if leader (``on_revoked("resigned")``), and wait up to
-        ``timeout`` seconds (None: as long as it takes) for the background thread."""
-        wait = check_timeout(timeout)
-        self._stopping.set()
-        self._wake.set()
+        """Stop campaigning and resign if leader (``on_revoked("resigned")``). ``timeout`` is
+        accepted for compatibility: a campaign step running now gives back what it wins."""
+        check_timeout(timeout)
+        lease, _ = self._row.stop()
+        if lease is not None:
+            self._wake_observers()
+            self._revoked(lease, "resigned")
         with self._lock:
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(wait)
-        self.resign()
-
-    def _campaign_forever(self) -> None:
-        backoff = Backoff()
-        try:
-            while not self._stopping.is_set():
-                try:
-                    lease = self._grant_once(auto_renew=True)
-                except Exception:  # the database is away: keep campaigning, loudly
-                    logger.exception("campaigning for %r failed; trying again", self.name)
-                    lease = None
-                if lease is None:
-                    self._stopping.wait(backoff.next())
-                    continue
-                backoff = Backoff()
-                with self._lock:
-                    self._announced = lease
-                if self._on_elected is not None:
-                    try:
-                        self._on_elected(lease)
-                    except Exception:
-                        logger.exception("on_elected of %r raised", self)
-                self._hold(lease)
-                # One retry interval before standing again: the other candidates, who try
-                # at least that often, get the leadership we just gave up or lost.
-                self._stopping.wait(float(lease_settings.BACKOFF_MAX))
-            # stop() may have given up waiting for us: a leadership won meanwhile is not kept.
-            self.resign()
-        finally:
-            close_connections()
-
-    def _hold(self, lease: Lease) -> None:
-        """Wait while ``lease`` lasts, checking the local deadline every second (a leader
-        that was paused learns of the loss on resume even if its renewal is stuck)."""
-        while not self._stopping.is_set() and not lease.released:
-            try:
-                lease.check()
-            except LeaseLost:
-                return
-            self._wake.wait(min(1.0, self.ttl / 4))
-            self._wake.clear()
+            self._started = False
+        keeper().callbacks.unpin(self)
 
     # -- loss ------------------------------------------------------------------------
 
-    def _lost(self, lease: Lease) -> None:
-        # The lease's on_lost: called once, in the thread that noticed the loss.
-        with self._lock:
-            if self._lease is lease:
-                self._lease = None
-        logger.warning("revoked: %s no longer leads %r: %s", self.holder, self.name, lease.lost_reason)
-        self._revoked(lease, lease.lost_reason)
-        self._wake.set()
+    def _lost(self, lease: Lease, reason: str) -> None:
+        # The row's on_lost: called once, ordered with on_elected.
+        logger.warning("revoked: %s no longer leads %r: %s", self.holder, self.name, reason)
+        self._revoked(lease, reason)
 
     def _revoked(self, lease: Lease, reason: str) -> None:
         with self._lock:
@@ -424,7 +462,7 @@ def leader_only(
     """
     check_name(name, "name")
     if ttl is not None:
-        check_seconds(ttl, "ttl")
+        Options.of(ttl=ttl)
     check_callable(otherwise, "otherwise")
     if using is not None and not isinstance(using, str):
         raise ValueError(f"using must name a database in settings.DATABASES, got {using!r}")

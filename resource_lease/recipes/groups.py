@@ -16,7 +16,6 @@ went.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import secrets
 import threading
@@ -25,12 +24,11 @@ from types import TracebackType
 from typing import Any, overload
 
 from resource_lease import named
-from resource_lease.conf import lease_settings
-from resource_lease.db.connections import close_connections
-from resource_lease.exceptions import LeaseError, MemberTaken
-from resource_lease.lease import Lease, granted, process_identity, refuse_inside_single_writer_transaction
-from resource_lease.validation import check_alias, check_callable, check_name, check_seconds, check_timeout
-from resource_lease.waiting import Backoff, wait_for
+from resource_lease.exceptions import MemberTaken
+from resource_lease.lease import Lease, process_identity
+from resource_lease.validation import Options, check_callable, check_json_dict, check_name, check_seconds, check_timeout
+from resource_lease.waiting import wait_for
+from resource_lease.watching import Watch
 
 logger = logging.getLogger("resource_lease")
 
@@ -49,21 +47,28 @@ def process_holder() -> str:
     return f"{process_identity()}#{secrets.token_hex(3)}"
 
 
+def member_row(owner: Any, what: str, **hooks: Any) -> named.KeptRow:
+    """The row of ``owner.member`` among the rows ``owner.kind`` (a group's or a barrier's),
+    held for this process (``process_holder()``) for ``owner.ttl`` on ``owner.using``."""
+    return named.KeptRow(
+        owner.using,
+        owner.kind,
+        owner.member,
+        holder=process_holder(),
+        ttl=owner.ttl,
+        owner=owner,
+        what=f"{what} {owner.name!r}: member {owner.member!r}",
+        **hooks,
+    )
+
+
 def check_member(value: Any) -> str:
     return default_member() if value is None else check_name(value, "member")
 
 
 def check_data(value: Any) -> dict[str, Any]:
     """A member's data: a dict that JSON can store (None: empty)."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ValueError(f"data must be a dict or None, got {value!r}")
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"data must be JSON-serializable: {exc}") from None
-    return value
+    return {} if value is None else check_json_dict(value, "data")
 
 
 def _key_bytes(key: Any) -> bytes:
@@ -89,46 +94,8 @@ def rendezvous_owner(key: Key, members: Iterable[str]) -> str | None:
     return max(members, key=lambda m: (_weight(m, raw), m), default=None)
 
 
-class GroupWatch:
-    """A watch on a group's membership: one thread that reads ``members()`` every ``poll``
-    seconds and calls ``callback(members)`` when the list changed (never two calls at once)."""
-
-    def __init__(self, group: Group, callback: MembersCallback, poll: float) -> None:
-        self.group = group
-        self.callback = callback
-        self.poll = poll
-        self._stop = threading.Event()
-        self.last = group.members()  # the view changes are reported against
-        self._thread = threading.Thread(target=self._run, name=f"resource-lease-group-watch:{group.name}", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.wait(self.poll):
-                try:
-                    current = self.group.members()
-                except LeaseError as exc:
-                    logger.warning("watching group %r: reading its members failed, retrying: %s", self.group.name, exc)
-                    continue
-                if current == self.last:
-                    continue
-                self.last = current
-                try:
-                    self.callback(list(current))
-                except Exception:
-                    logger.exception("the watch callback of group %r raised", self.group.name)
-        finally:
-            close_connections()
-
-    def stop(self) -> None:
-        """Stop watching; waits for a callback in progress (unless called from it)."""
-        self._stop.set()
-        if threading.current_thread() is not self._thread:
-            self._thread.join()
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
+#: The watch ``Group.watch`` returns (the one ``Watch`` of the library), by its older name.
+GroupWatch = Watch
 
 
 class Group:
@@ -149,20 +116,17 @@ class Group:
         using: str | None = None,
     ) -> None:
         self.name = check_name(name, "name")
-        self.ttl = check_seconds(lease_settings.TTL if ttl is None else ttl, "ttl")
+        self.options = Options.of(ttl=ttl, using=using)
+        self.ttl, self.using = self.options.ttl, self.options.using
         self.member = check_member(member)
         self.data = check_data(data)
-        self.using = check_alias(lease_settings.DATABASE if using is None else using)
         self.kind = named.row_kind("group", self.name)
-        self.holder = process_holder()
         self._lock = threading.RLock()
         self._joining = threading.Lock()
-        self._lease: Lease | None = None
         self._joined = False
-        self._wake = threading.Event()  # the lease was lost: take the row again
-        self._stop = threading.Event()
-        self._keeper: threading.Thread | None = None
-        self._watches: list[GroupWatch] = []
+        self._watches: list[Watch] = []
+        self._row = member_row(self, "group", on_gained=self._write_data, on_lost=self._on_lost, warn_when_taken=True)
+        self.holder = self._row.holder
 
     def __repr__(self) -> str:
         return f"<Group {self.name!r} member={self.member!r}{' joined' if self._joined else ''}>"
@@ -176,7 +140,7 @@ class Group:
         (0: not at all); then ``MemberTaken`` names that holder. Joining again is a no-op.
         """
         wait = check_timeout(timeout)
-        refuse_inside_single_writer_transaction(self.using, "Group.join()")
+        self.options.refuse_in_transaction("Group.join()")
         with self._joining:  # two threads joining at once: one takes the row, the other sees it joined
             self._join(wait)
         return self
@@ -185,7 +149,7 @@ class Group:
         with self._lock:
             if self._joined:
                 return
-        lease = wait_for(self._take, timeout=wait)
+        lease = wait_for(self._row.take, timeout=wait)
         if lease is None:
             row = named.read(self.using, self.kind, [self.member]).live(self.member)
             holder = row.holder if row is not None else "?"
@@ -197,88 +161,30 @@ class Group:
             )
         with self._lock:
             self._joined = True
-            self._stop.clear()
-            self._wake.clear()
-            self._lease = lease
-            if self._keeper is None or not self._keeper.is_alive():
-                self._keeper = threading.Thread(
-                    target=self._keep, name=f"resource-lease-group:{self.name}", daemon=True
-                )
-                self._keeper.start()
+        self._row.keep()  # the keeper takes the row again whenever it is lost
 
-    def _take(self) -> Lease | None:
-        """One attempt at the member row; on success its data is written (fenced) and its
-        background renewal started."""
-        lease = named.try_grant(
-            self.using, self.kind, self.member, holder=self.holder, ttl=self.ttl, on_lost=self._on_lost
-        )
-        if lease is None:
-            return None
-        if not named.write_data(lease, self.data):
-            return None  # lost already (a pause right after the grant): try again
-        return granted(lease, auto_renew=True)
+    def _write_data(self, lease: Lease) -> bool:
+        # The member's data, fenced: False if the grant was lost already (a pause right
+        # after it), and the next attempt comes as usual.
+        return named.write_data(lease, self.data)
 
-    def _on_lost(self, lease: Lease) -> None:
-        # Called by the renewal thread (or a check()); the keeper thread takes the row again.
+    def _on_lost(self, lease: Lease, reason: str) -> None:
         with self._lock:
-            if self._joined and lease is self._lease:
-                logger.warning("group %r: member %r lost its membership; joining again", self.name, self.member)
-                self._wake.set()
-
-    def _keep(self) -> None:
-        """The keeper thread: take the member row again whenever its lease is lost."""
-        try:
-            while True:
-                self._wake.wait()
-                if self._stop.is_set():
-                    return
-                self._wake.clear()
-                backoff = Backoff()
-                warned = False
-                while not self._stop.is_set():
-                    try:
-                        lease = self._take()
-                        if lease is None and not warned:
-                            row = named.read(self.using, self.kind, [self.member]).live(self.member)
-                            if row is not None and row.holder != self.holder:
-                                # Another process took our name while we were away: say so once,
-                                # and keep trying (it may go away).
-                                logger.warning(
-                                    "group %r: member name %r is held by %s; waiting to join again",
-                                    self.name,
-                                    self.member,
-                                    row.holder,
-                                )
-                                warned = True
-                    except LeaseError as exc:
-                        logger.warning("group %r: joining again failed, retrying: %s", self.name, exc)
-                        lease = None
-                    if lease is not None:
-                        with self._lock:
-                            if self._joined:
-                                self._lease = lease
-                                logger.info("group %r: member %r joined again", self.name, self.member)
-                                break
-                        lease.release()  # left meanwhile
-                        return
-                    self._stop.wait(backoff.next())
-        finally:
-            close_connections()
+            joined = self._joined
+        if joined:
+            logger.warning(
+                "group %r: member %r lost its membership (%s); joining again", self.name, self.member, reason
+            )
 
     def leave(self) -> bool:
         """Stop being a member (and stop this group's watches). True if we were one."""
         with self._lock:
             self._joined = False
-            self._stop.set()
-            self._wake.set()
-            lease, self._lease = self._lease, None
-            keeper, self._keeper = self._keeper, None
             watches, self._watches = self._watches, []
         for watch in watches:
             watch.stop()
-        if keeper is not None and keeper is not threading.current_thread():
-            keeper.join()
-        return lease.release() if lease is not None else False
+        _, released = self._row.stop()
+        return released
 
     close = leave
 
@@ -346,16 +252,26 @@ class Group:
         names = snapshot.live_names()
         return [key for key in keys if rendezvous_owner(key, names) == self.member]
 
-    def watch(self, callback: MembersCallback, *, poll: float = 1.0) -> GroupWatch:
+    def watch(self, callback: MembersCallback, *, poll: float = 1.0) -> Watch:
         """Call ``callback(members)`` whenever the membership changes (read every ``poll``
-        seconds, one thread, never overlapping). Stopped by ``leave()`` or ``.stop()``."""
+        seconds by the keeper; calls on one thread, never overlapping). Stopped by
+        ``leave()`` or ``.stop()``."""
         if check_callable(callback, "callback") is None:
             raise ValueError("callback must be callable, got None")
         poll = check_seconds(poll, "poll")
-        watch = GroupWatch(self, callback, poll)
+        last = self.members()  # the view changes are reported against
+
+        def check(emit: Callable[..., None]) -> None:
+            nonlocal last
+            current = self.members()
+            if current != last:
+                last = current
+                emit(list(current))
+
+        watch = Watch(name=f"group:{self.name}", using=self.using, poll=poll, check=check, callback=callback)
         with self._lock:
             self._watches.append(watch)
-        return watch
+        return watch.start()
 
 
 def groups(using: str = "default") -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ lock its own process holds is not, so asking again waits like anyone else.
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import inspect
 import string
@@ -21,28 +22,21 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from resource_lease import named
-from resource_lease.conf import lease_settings
-from resource_lease.db.connections import run_repeatable
+from resource_lease.db.line import NEWCOMER, Turn
+from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseLost, LockHeld
-from resource_lease.lease import (
-    Lease,
-    OnLost,
-    attempt_grant,
-    default_holder,
-    granted,
-    refuse_inside_single_writer_transaction,
-)
+from resource_lease.lease import Lease, OnLost, attempt_grant, default_holder, granted
+from resource_lease.line import Line, Wait, waiters
 from resource_lease.models import Resource
 from resource_lease.validation import (
-    check_alias,
+    Options,
     check_bool,
     check_callable,
-    check_holder,
     check_name,
+    check_priority,
     check_seconds,
     check_timeout,
 )
-from resource_lease.waiting import wait_for
 
 #: The kind of every named lock's row.
 LOCK_KIND = named.row_kind("lock")
@@ -73,8 +67,9 @@ def _check_slots(value: Any) -> int:
     return value
 
 
-class _Call:
-    """The arguments every lock and semaphore takes, checked before anything is written."""
+class LockCall:
+    """The arguments every lock, semaphore and rwlock grant takes, checked before anything is
+    written."""
 
     def __init__(
         self,
@@ -85,15 +80,18 @@ class _Call:
         using: Any,
         auto_renew: Any,
         on_lost: Any,
+        priority: Any,
         what: str,
+        lock_delay: Any = 0.0,
     ) -> None:
-        self.ttl = check_seconds(lease_settings.TTL if ttl is None else ttl, "ttl")
+        options = Options.of(ttl=ttl, using=using, holder=holder, default_holder=default_holder)
+        self.ttl, self.using, self.holder = options.ttl, options.using, options.holder
         self.timeout = check_timeout(timeout)
-        self.holder = check_holder(holder) or default_holder()
-        self.alias = check_alias(lease_settings.DATABASE if using is None else using)
         self.auto_renew = check_bool(auto_renew, "auto_renew")
         self.on_lost = cast("OnLost | None", check_callable(on_lost, "on_lost"))
-        refuse_inside_single_writer_transaction(self.alias, what)
+        self.priority = check_priority(priority)
+        self.lock_delay = check_seconds(lock_delay, "lock_delay", allow_zero=True)
+        options.refuse_in_transaction(what)
 
 
 def lock(
@@ -105,34 +103,85 @@ def lock(
     using: str | None = None,
     auto_renew: bool = True,
     on_lost: OnLost | None = None,
+    priority: int = 0,
+    lock_delay: float = 0.0,
 ) -> Lease:
     """Take the named lock ``name`` for ``ttl`` seconds (default: the ``RESOURCE_LEASE`` TTL).
 
     Returns the same ``Lease`` as ``acquire()`` (a context manager that releases on exit),
     renewed in the background unless ``auto_renew=False``; its ``fence`` is strictly greater
-    than every fence granted before for this name. ``timeout``: 0 makes one attempt, > 0 keeps
-    trying (backoff with jitter, at most a second apart) up to that many seconds, None waits
-    for ever. Held by someone else past the timeout: ``LockHeld`` naming the holder and its
-    expiry by the database's clock. Not reentrant. Bad arguments: ``ValueError``, nothing
-    written. The lock's row is created on first use, race-safely.
+    than every fence granted before for this name. ``timeout``: 0 makes one attempt (and never
+    takes the lock from a waiter in line), > 0 waits in line up to that many seconds, None
+    waits for ever: first come, first served (a higher ``priority`` first), woken when the
+    holder releases (``resource_lease.line``). ``lock_delay``: seconds (default 0) for which
+    the lock is granted to nobody if this grant expires without being released (its holder
+    vanished: Chubby's and Consul's lock-delay); a release frees it at once. Held by someone
+    else past the timeout:
+    ``LockHeld`` naming the holder and its expiry by the database's clock. Not reentrant. Bad
+    arguments: ``ValueError``, nothing written. The lock's row is created on first use,
+    race-safely.
     """
+    return locking(
+        name,
+        ttl=ttl,
+        timeout=timeout,
+        holder=holder,
+        using=using,
+        auto_renew=auto_renew,
+        on_lost=on_lost,
+        priority=priority,
+        lock_delay=lock_delay,
+    ).run()
+
+
+def locking(
+    name: str,
+    *,
+    ttl: float | None = None,
+    timeout: float | None = 0,
+    holder: str | None = None,
+    using: str | None = None,
+    auto_renew: bool = True,
+    on_lost: OnLost | None = None,
+    priority: int = 0,
+    lock_delay: float = 0.0,
+) -> Wait[Lease]:
+    """``lock()``'s arguments, checked (``ValueError``, nothing written), as the wait that
+    ``lock()`` runs and ``aio.alock`` awaits."""
     name = check_name(name)
-    call = _Call(
-        ttl=ttl, timeout=timeout, holder=holder, using=using, auto_renew=auto_renew, on_lost=on_lost, what="lock()"
+    call = LockCall(
+        ttl=ttl,
+        timeout=timeout,
+        holder=holder,
+        using=using,
+        auto_renew=auto_renew,
+        on_lost=on_lost,
+        priority=priority,
+        what="lock()",
+        lock_delay=lock_delay,
     )
 
-    def attempt() -> Lease | None:
-        return named.try_grant(call.alias, LOCK_KIND, name, holder=call.holder, ttl=call.ttl, on_lost=call.on_lost)
+    def attempt(turn: Turn = NEWCOMER) -> Lease | None:
+        return named.try_grant(
+            call.using,
+            LOCK_KIND,
+            name,
+            holder=call.holder,
+            ttl=call.ttl,
+            on_lost=call.on_lost,
+            turn=turn.with_delay(call.lock_delay),
+        )
 
     def refusal() -> LockHeld | None:
-        snapshot = named.read(call.alias, LOCK_KIND, [name])
+        snapshot = named.read(call.using, LOCK_KIND, [name])
         row = snapshot.rows.get(name)
+        if row is not None and (until := snapshot.delayed_until(row)) is not None:
+            return delayed(f"lock {name!r}", name=name, kind=LOCK_KIND, row=row, until=until, timeout=call.timeout)
         if row is None or not snapshot.is_live(row):
-            return None  # deleted or let go since the attempt: try again
+            return _in_line(Line(call.using, LOCK_KIND, name), f"lock {name!r}", name=name, timeout=call.timeout)
         return _held(f"lock {name!r} is held", name=name, kind=LOCK_KIND, row=row, timeout=call.timeout)
 
-    lease = _take(attempt, refusal, timeout=call.timeout, what=f"lock {name!r}", name=name)
-    return granted(lease, auto_renew=call.auto_renew)
+    return _wait(Line(call.using, LOCK_KIND, name), attempt, refusal, call=call, what=f"lock {name!r}", name=name)
 
 
 def semaphore(
@@ -145,6 +194,8 @@ def semaphore(
     using: str | None = None,
     auto_renew: bool = True,
     on_lost: OnLost | None = None,
+    priority: int = 0,
+    lock_delay: float = 0.0,
 ) -> Lease:
     """Take one of ``slots`` slots of the semaphore ``name``: at most ``slots`` holders at once.
 
@@ -153,45 +204,87 @@ def semaphore(
     once their holders release them, and new ones are created as needed. When every slot is
     held past the timeout: ``LockHeld`` naming the holder whose slot frees first.
     """
-    name = check_name(name)
-    slots = _check_slots(slots)
-    call = _Call(
+    return semaphoring(
+        name,
+        slots,
         ttl=ttl,
         timeout=timeout,
         holder=holder,
         using=using,
         auto_renew=auto_renew,
         on_lost=on_lost,
+        priority=priority,
+        lock_delay=lock_delay,
+    ).run()
+
+
+def semaphoring(
+    name: str,
+    slots: int,
+    *,
+    ttl: float | None = None,
+    timeout: float | None = 0,
+    holder: str | None = None,
+    using: str | None = None,
+    auto_renew: bool = True,
+    on_lost: OnLost | None = None,
+    priority: int = 0,
+    lock_delay: float = 0.0,
+) -> Wait[Lease]:
+    """``semaphore()``'s arguments, checked (``ValueError``, nothing written), as the wait that
+    ``semaphore()`` runs and ``aio.asemaphore`` awaits. The slot rows are created (and the
+    slot count put in force) here."""
+    name = check_name(name)
+    slots = _check_slots(slots)
+    call = LockCall(
+        ttl=ttl,
+        timeout=timeout,
+        holder=holder,
+        using=using,
+        auto_renew=auto_renew,
+        on_lost=on_lost,
+        priority=priority,
         what="semaphore()",
+        lock_delay=lock_delay,
     )
     kind = semaphore_kind(name)
     names = [slot_name(i) for i in range(slots)]
 
     def configure() -> None:
-        named.ensure(call.alias, kind, names)
-        limit = slot_name(slots)
-        run_repeatable(
-            call.alias, lambda d, c: d.limit_slots(c, kind=kind, below=limit), what=f"setting the slots of {kind}"
-        )
+        named.ensure(call.using, kind, names)
+        ops(call.using).limit_slots(kind, below=slot_name(slots))
 
     configure()
 
-    def attempt() -> Lease | None:
+    def attempt(turn: Turn = NEWCOMER) -> Lease | None:
         # The pool's acquire over the slot rows: one conditional statement picks a free,
         # enabled slot (disabled ones, above the count in force, are never granted).
-        return attempt_grant(kind, ttl=call.ttl, holder=call.holder, alias=call.alias, on_lost=call.on_lost)
+        return attempt_grant(
+            kind,
+            ttl=call.ttl,
+            holder=call.holder,
+            alias=call.using,
+            on_lost=call.on_lost,
+            turn=turn.with_delay(call.lock_delay),
+        )
 
     def refusal() -> LockHeld | None:
-        snapshot = named.read(call.alias, kind)
+        snapshot = named.read(call.using, kind)
         if any(n not in snapshot.rows for n in names):  # deleted behind the cache's back
             for n in names:
-                named.forget(call.alias, kind, n)
+                named.forget(call.using, kind, n)
             configure()
             return None
         live = [row for row in snapshot.rows.values() if snapshot.is_live(row)]
         in_use = [row for row in live if row.enabled] or live
+        delays = [(until, row) for row in snapshot.rows.values() if (until := snapshot.delayed_until(row)) is not None]
+        if len(in_use) < slots and delays and len(in_use) + len(delays) >= slots:
+            until, row = min(delays, key=lambda pair: pair[0])
+            what = f"semaphore {name!r}: every slot is held or in its lock delay; the first"
+            return delayed(what, name=name, kind=kind, row=row, until=until, timeout=call.timeout)
         if len(in_use) < slots:
-            return None  # a slot freed since the attempt: try again
+            # A slot is free: for a waiter in line, or freed since the attempt (try again).
+            return _in_line(Line(call.using, kind), f"semaphore {name!r}", name=name, timeout=call.timeout)
         first = min(in_use, key=lambda row: row.busy_before)
         return _held(
             f"semaphore {name!r}: all {slots} slots are held; the first to free is held",
@@ -201,8 +294,7 @@ def semaphore(
             timeout=call.timeout,
         )
 
-    lease = _take(attempt, refusal, timeout=call.timeout, what=f"semaphore {name!r}", name=name)
-    return granted(lease, auto_renew=call.auto_renew)
+    return _wait(Line(call.using, kind), attempt, refusal, call=call, what=f"semaphore {name!r}", name=name)
 
 
 def _held(what: str, *, name: str, kind: str, row: Resource, timeout: float | None) -> LockHeld:
@@ -217,27 +309,61 @@ def _held(what: str, *, name: str, kind: str, row: Resource, timeout: float | No
     )
 
 
-def _take(
-    attempt: Callable[[], Lease | None],
+def delayed(what: str, *, name: str, kind: str, row: Resource, until: dt.datetime, timeout: float | None) -> LockHeld:
+    """The refusal while a row is in its lock delay: its grant expired unreleased."""
+    waited = "" if not timeout else f" (waited {timeout:g}s)"
+    return LockHeld(
+        f"{what} is in its lock delay until {until:%Y-%m-%d %H:%M:%S.%f} UTC (database clock): {row.holder!r}"
+        f" let its grant expire without releasing it{waited}",
+        name=name,
+        holder=row.holder,
+        expires_at=until,
+        kind=kind,
+    )
+
+
+def _in_line(line: Line, what: str, *, name: str, timeout: float | None) -> LockHeld | None:
+    """The refusal of a newcomer when what it asked for is free but callers wait in line for
+    it (they are served first); None if nobody waits (it was let go since: try again)."""
+    first = waiters(line, limit=1)
+    if not first:
+        return None
+    waited = "" if not timeout else f" (waited {timeout:g}s)"
+    return LockHeld(
+        f"{what} is free but callers wait in line for it, served first: {first[0].holder!r} since"
+        f" {first[0].since:%Y-%m-%d %H:%M:%S.%f} UTC (database clock){waited}",
+        name=name,
+        holder=first[0].holder,
+        kind=line.kind,
+    )
+
+
+def _wait(
+    line: Line,
+    attempt: Callable[[Turn], Lease | None],
     refusal: Callable[[], LockHeld | None],
     *,
-    timeout: float | None,
+    call: LockCall,
     what: str,
     name: str,
-) -> Lease:
-    """Wait for a grant up to ``timeout``; then ``LockHeld`` naming who holds it. If the holder
-    let go between the last attempt and the read that would name it, try again (briefly)."""
-    lease = wait_for(attempt, timeout=timeout)
-    for _ in range(_RECHECKS):
-        if lease is not None:
-            return lease
-        error = refusal()
-        if error is not None:
-            raise error
-        lease = attempt()
-    if lease is not None:
-        return lease
-    raise LockHeld(f"{what} was taken again each time it was seen free; gave up", name=name)
+) -> Wait[Lease]:
+    """The wait in ``line`` for a grant up to the call's timeout; past it, ``LockHeld`` naming
+    who holds it. If the holder let go between the last attempt and the read that would name
+    it, try again (briefly, as a newcomer)."""
+
+    def conclude(lease: Lease | None) -> Lease:
+        for _ in range(_RECHECKS):
+            if lease is not None:
+                break
+            error = refusal()
+            if error is not None:
+                raise error
+            lease = attempt(NEWCOMER)
+        if lease is None:
+            raise LockHeld(f"{what} was taken again each time it was seen free; gave up", name=name)
+        return granted(lease, auto_renew=call.auto_renew)
+
+    return Wait(line, attempt, conclude, timeout=call.timeout, holder=call.holder, ttl=call.ttl, priority=call.priority)
 
 
 # -- @synchronized ---------------------------------------------------------------------
@@ -253,41 +379,62 @@ def synchronized(
     renewed in the background while the function runs and released after it, only if the
     grant is still ours (another holder's lock is never released). If the lock was lost while
     the function ran (its release finds the grant gone), ``LeaseLost`` is raised after it
-    returns: its work was not exclusive.
+    returns: its work was not exclusive. On a coroutine function the lock is held across its
+    awaits and taken and given back without blocking the event loop (``aio.alock``).
     """
     if not isinstance(key, str) or not key:
         raise ValueError(f"key must be a non-empty string, got {key!r}")
     fields = _fields(key)
-    if ttl is not None:
-        check_seconds(ttl, "ttl")
+    if ttl is not None or using is not None:
+        Options.of(ttl=ttl, using=using)
     check_timeout(timeout)
-    if using is not None:
-        check_alias(using)
 
     def decorate(func: F) -> F:
         if not callable(func):
             raise ValueError(f"synchronized decorates a function, got {func!r}")
-        if inspect.iscoroutinefunction(func):
-            raise ValueError(f"synchronized cannot hold a lock across awaits of coroutine function {func!r}")
         signature = inspect.signature(func)
         _check_fields(key, fields, signature)
 
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
+        def lock_name(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             try:
                 formatted = key.format(*bound.args, **{**bound.arguments, **bound.kwargs})
             except (IndexError, KeyError, AttributeError) as exc:
                 raise ValueError(f"key {key!r} cannot be formatted from this call's arguments: {exc!r}") from exc
-            name = check_name(formatted, "key")
+            return check_name(formatted, "key")
+
+        def lost(name: str, lease: Lease) -> LeaseLost:
+            return LeaseLost(
+                f"the lock {name!r} was lost while {func.__qualname__} ran: {lease.lost_reason or 'expired or taken'}"
+            )
+
+        if inspect.iscoroutinefunction(func):
+            # A coroutine function holds the lock across its awaits, taken and given back
+            # without blocking the event loop (resource_lease.aio).
+            from resource_lease.aio import alock
+
+            @functools.wraps(func)
+            async def coroutine_wrapper(*args: Any, **kwargs: Any) -> Any:
+                name = lock_name(args, kwargs)
+                async with alock(name, ttl=ttl, timeout=timeout, using=using, auto_renew=True) as lease:
+                    result = await func(*args, **kwargs)  # an error releases the lock on the way out
+                    released = await lease.arelease()  # only our own grant: holder and fence checked
+                if not released:
+                    raise lost(name, lease)
+                return result
+
+            coroutine_wrapper.lock_key = key  # type: ignore[attr-defined]
+            return cast(F, coroutine_wrapper)
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            name = lock_name(args, kwargs)
             with lock(name, ttl=ttl, timeout=timeout, using=using, auto_renew=True) as lease:
                 result = func(*args, **kwargs)  # an error releases the lock on the way out
                 released = lease.release()  # only our own grant: holder and fence checked
             if not released:
-                raise LeaseLost(
-                    f"the lock {name!r} was lost while {func.__qualname__} ran: {lease.lost_reason or 'expired or taken'}"
-                )
+                raise lost(name, lease)
             return result
 
         wrapper.lock_key = key  # type: ignore[attr-defined]

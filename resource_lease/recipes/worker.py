@@ -1,9 +1,10 @@
 """Equal workers draining a dispenser: ``Worker`` and ``FolderWorker`` (task files in a folder).
 
 A worker claims a batch with ``Dispenser.assign``, runs ``do_work`` on each item, and reports
-each outcome at once with the WorkItem (so a fenced ``done``: a former self is refused). A
-background thread renews the batch's claims while it works; a renewal the database refuses,
-or one that keeps failing until the claims' ttl has passed, is logged as an error. SIGTERM
+each outcome at once with the WorkItem (so a fenced ``done``: a former self is refused). The
+process's keeper renews the batch's claims while it works (``BatchClaims``); a renewal the
+database refuses, or one that keeps failing until the claims' ttl has passed, is logged as
+an error. SIGTERM
 (or ``stop()``) lets the current item finish, then gives the rest of the batch back.
 """
 
@@ -24,12 +25,16 @@ from typing import Any
 from resource_lease.conf import lease_settings
 from resource_lease.db.connections import close_connections
 from resource_lease.exceptions import LeaseError
-from resource_lease.lease import default_holder
-from resource_lease.recipes.dispenser import Dispenser, WorkItem, check_count, check_key, check_name, check_pattern
-from resource_lease.validation import check_seconds
+from resource_lease.lease import default_holder, safety_margin
+from resource_lease.recipes.dispenser import Dispenser, WorkItem, check_count, check_key, check_pattern
+from resource_lease.renewal import renew_once, renewer
+from resource_lease.validation import check_name, check_seconds, resolve_ttl
 
 # Named before the module moved into recipes/, and kept: logging configurations name it.
 logger = logging.getLogger("resource_lease.worker")
+
+#: Seconds between two looks, by an idle worker that runs for ever, at what it waits for.
+IDLE_LOOK = 60.0
 
 
 @dataclass
@@ -44,7 +49,7 @@ class WorkerStats:
 
 
 class Worker:
-    """The seed's WorkerBase: one of several equal workers draining a dispenser.
+    """The hand-written WorkerBase's shape: one of several equal workers draining a dispenser.
 
     Subclasses set ``dispenser`` (its name), and may set ``batch``, ``ttl``, ``pattern``
     (``re.fullmatch`` of the keys this worker takes), ``max_attempts`` and ``poll``, and
@@ -53,7 +58,8 @@ class Worker:
 
     dispenser: str = ""
     batch: int = 10
-    ttl: float = 300.0
+    #: Seconds a claim lasts unless renewed; default: the ``DISPENSER_TTL`` setting (300).
+    ttl: float | None = None
     pattern: str | None = None
     max_attempts: int = 3
     #: Seconds between two looks at an empty dispenser.
@@ -67,7 +73,7 @@ class Worker:
             setattr(self, option, value)
         self.name = check_name(default_holder()[:200] if name is None else name, "name")
         self.batch = check_count(self.batch, "batch")
-        self.ttl = check_seconds(self.ttl, "ttl")
+        self.ttl = resolve_ttl(self.ttl, lease_settings.DISPENSER_TTL)
         self.poll = check_seconds(self.poll, "poll")
         self.pattern = check_pattern(self.pattern)
         self.queue = Dispenser(self.dispenser_name(), ttl=self.ttl, max_attempts=self.max_attempts, using=self.using)
@@ -75,6 +81,8 @@ class Worker:
         self._stop = threading.Event()
         self._current: list[WorkItem] = []
         self._current_lock = threading.Lock()
+        self._next_idle_look = 0.0
+        self._idle_report: tuple[int, int] | None = None
 
     def dispenser_name(self) -> str:
         return check_name(self.dispenser, "dispenser")
@@ -110,13 +118,15 @@ class Worker:
 
     def run(self, until_empty: bool = False, *, max_batches: int | None = None) -> WorkerStats:
         """Claim and work batches until stopped (SIGTERM, ``stop()``), or, with
-        ``until_empty``, until nothing is pending or assigned in the dispenser."""
+        ``until_empty``, until nothing is left that this worker could ever claim: nothing
+        pending or assigned whose key its ``pattern`` matches (other workers' live claims
+        count: they come back if their worker dies)."""
         self._stop.clear()
         logger.info(
             "worker %s starts on dispenser %r (batch %d, ttl %gs)", self.name, self.queue.name, self.batch, self.ttl
         )
-        renewer = threading.Thread(target=self._renew_loop, name=f"dispenser-renewal-{self.name}", daemon=True)
-        renewer.start()
+        claims = BatchClaims(self)
+        renewer().add(claims)  # the keeper renews the current batch's claims
         try:
             with self._sigterm():
                 while not self._stop.is_set():
@@ -132,15 +142,16 @@ class Worker:
                         self._stop.wait(self.poll)
                         continue
                     if not items:
-                        if until_empty and self.queue.is_empty():
+                        if self._idle(until_empty):
                             break
                         self._stop.wait(self.poll)
                         continue
+                    self._idle_report = None
                     self.stats.batches += 1
                     self._work(items)
         finally:
             self._stop.set()
-            renewer.join()
+            renewer().discard(claims)
             with self._current_lock:
                 rest, self._current = self._current, []
             if rest:  # an exception escaped mid-batch: give the rest back
@@ -155,6 +166,41 @@ class Worker:
             )
             close_connections()
         return self.stats
+
+    def _idle(self, until_empty: bool) -> bool:
+        """Nothing was claimed: whether ``run(until_empty=True)`` is done, i.e. nothing is left
+        that this worker could ever claim (its ``pattern`` matches no unfinished key). Says in
+        the log, once per change, what it waits for and which items it leaves to others."""
+        now = time.monotonic()
+        if not until_empty and now < self._next_idle_look:
+            return False  # a worker that runs for ever looks (and logs) once a minute at most
+        self._next_idle_look = now + IDLE_LOOK
+        try:
+            total, takeable = self.queue.unfinished(pattern=self.pattern)
+        except LeaseError as exc:
+            logger.error(
+                "worker %s: counting the unfinished items failed, retrying in %gs: %s", self.name, self.poll, exc
+            )
+            return False
+        if (total, takeable) != self._idle_report:
+            self._idle_report = (total, takeable)
+            if total > takeable:
+                logger.warning(
+                    "worker %s: %d unfinished item(s) of %r do not match its pattern %r: it never takes them,"
+                    " they are left to other workers",
+                    self.name,
+                    total - takeable,
+                    self.queue.name,
+                    self.pattern,
+                )
+            if takeable:
+                logger.info(
+                    "worker %s: waiting for %d item(s) it could take, claimed by other workers now"
+                    " (they come back to the pool if a claim expires)",
+                    self.name,
+                    takeable,
+                )
+        return until_empty and takeable == 0
 
     def _work(self, items: list[WorkItem]) -> None:
         with self._current_lock:
@@ -226,51 +272,64 @@ class Worker:
         finally:
             signal.signal(signal.SIGTERM, previous)
 
-    def _renew_loop(self) -> None:
-        """Renew the current batch's claims every third of the ttl; loud when they are lost."""
+
+class BatchClaims:
+    """The claims of a worker's current batch, renewed by the process's keeper every ttl x
+    ``RENEW_FRACTION`` under the one failure policy (``renewal.renew_once``): a renewal the
+    database could not answer is tried again while the claims may still be trusted; past
+    that, or when it refuses some of them (expired, taken over), the loss is logged as an
+    error and the renewals go on for the items the worker still works on."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.ttl = worker.queue.ttl
+        self._renewed_at = time.monotonic()
+
+    def __repr__(self) -> str:
+        return f"<the claims of worker {self.worker.name!r}>"
+
+    def current(self) -> list[WorkItem]:
+        with self.worker._current_lock:
+            return list(self.worker._current)
+
+    def renew(self) -> None:
+        items = self.current()
+        sent_at = time.monotonic()
+        if items:
+            renewed = self.worker.queue.renew(self.worker.name, items)
+            if renewed < len(items):
+                # Items still current now were current during the whole renewal (one is
+                # dropped only when its outcome is reported), so each must have been renewed.
+                still = sum(1 for item in self.current() if item in items)
+                if renewed < still:
+                    logger.error(
+                        "worker %s lost %d of its %d claim(s): they expired or were taken over",
+                        self.worker.name,
+                        still - renewed,
+                        still,
+                    )
+        self._renewed_at = sent_at
+
+    def remaining(self) -> float:
+        return max(0.0, self._renewed_at + self.ttl - safety_margin(self.ttl) - time.monotonic())
+
+    def mark_lost(self, reason: str) -> None:
+        logger.error("worker %s could not renew its claims within their ttl: %s", self.worker.name, reason)
+        self._renewed_at = time.monotonic()  # a fresh window for the claims assigned next
+
+    def renew_in_background(self) -> float | None:
         interval = self.ttl * float(lease_settings.RENEW_FRACTION)
-        last_ok = time.monotonic()
-        try:
-            while not self._stop.wait(interval if time.monotonic() - last_ok < interval else min(interval, 1.0)):
-                with self._current_lock:
-                    items = list(self._current)
-                if not items:
-                    last_ok = time.monotonic()
-                    continue
-                try:
-                    renewed = self.queue.renew(self.name, items)
-                except LeaseError as exc:
-                    if time.monotonic() - last_ok >= self.ttl:
-                        logger.error("worker %s could not renew its claims within their ttl: %s", self.name, exc)
-                    else:
-                        logger.warning("worker %s: renewing its claims failed, retrying: %s", self.name, exc)
-                    continue
-                last_ok = time.monotonic()
-                if renewed < len(items):
-                    # Items still current now were current during the whole renewal (one is
-                    # dropped only when its outcome is reported), so each must have been renewed.
-                    with self._current_lock:
-                        still = sum(1 for i in items if i in self._current)
-                    if renewed < still:
-                        logger.error(
-                            "worker %s lost %d of its %d claim(s): they expired or were taken over",
-                            self.name,
-                            still - renewed,
-                            still,
-                        )
-        except Exception:  # a bug must be loud, never a quietly dead renewal
-            logger.exception("worker %s: the claim renewal thread failed", self.name)
-            raise
-        finally:
-            close_connections()
+        step = renew_once(self, interval=interval, prefix=f"worker {self.worker.name}: ")
+        return interval if step.retry_in is None else step.retry_in
 
 
 class FolderWorker(Worker):
-    """The seed's shared-folder worker: each ``<key>.<extension>`` file in ``folder`` is a task.
+    """A shared-folder worker, as written by hand before: each ``<key>.<extension>`` file in ``folder`` is a task.
 
     New files are put into the dispenser (named after the folder unless ``dispenser`` is
     set) and claimed through the database, never by rename, so two workers never take one
-    file. After ``do_work(key, text)`` the file becomes ``<key>.finish`` or ``<key>.error``
+    file. A file whose key ``pattern`` does not match is not put: it is not this worker's
+    task (a worker whose pattern matches it puts it), and never keeps ``until_empty`` waiting. After ``do_work(key, text)`` the file becomes ``<key>.finish`` or ``<key>.error``
     (an existing one is replaced). ``max_attempts`` is 1: a failed file is an error at once.
     """
 
@@ -310,6 +369,18 @@ class FolderWorker(Worker):
         for key in keys:
             if key in self._known or key in self._unusable:
                 continue
+            if self.pattern is not None and not re.fullmatch(self.pattern, key):
+                # Not this worker's task: it is never put, so it never counts as work
+                # left for this worker (a worker whose pattern matches it puts it).
+                self._unusable.add(key)
+                logger.info(
+                    "worker %s: leaving %s to other workers: its pattern %r does not match %r",
+                    self.name,
+                    self.task_path(key).name,
+                    self.pattern,
+                    key,
+                )
+                continue
             try:
                 new.append(check_key(key))
             except ValueError as exc:  # e.g. a name longer than a key may be
@@ -320,13 +391,8 @@ class FolderWorker(Worker):
             self._known.update(new)
         keys = [k for k in keys if k not in self._unusable]
         if keys:
-            from resource_lease.models import DispenserItem
-
-            finished = DispenserItem.objects.using(self.queue.using).filter(
-                dispenser=self.queue.name, key__in=keys[:1000], state__in=[DispenserItem.DONE, DispenserItem.FAILED]
-            )
-            for key, state in finished.values_list("key", "state"):
-                self._rename(key, "finish" if state == DispenserItem.DONE else "error")
+            for key, state in self.queue.finished(keys[:1000]):
+                self._rename(key, "finish" if state == "done" else "error")
 
     def load(self, item: WorkItem) -> Any:
         return self.task_path(item.key).read_text()

@@ -30,7 +30,7 @@ from tests.grants import Grant, exclusion_violations
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 
-RENEWER = "resource-lease-renewer"
+RENEWER = "resource-lease-keeper"  # the thread that renews (resource_lease.keeper)
 
 
 @pytest.fixture(autouse=True)

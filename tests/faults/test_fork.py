@@ -48,7 +48,7 @@ def test_forked_child_inherits_no_lease_thread_or_connection(
         for key in ("renew", "check"):
             if not child[key].startswith("LeaseLost"):
                 problems.append(f"child {key}: {child[key]!r}, expected LeaseLost")
-        if "resource-lease-renewer" in child["threads"]:
+        if "resource-lease-keeper" in child["threads"]:
             problems.append(f"the child has the renewal thread: {child['threads']}")
         if child["own_pk"] == held["pk"] or not child["own_released"]:
             problems.append(f"the child's own lease: {child}")

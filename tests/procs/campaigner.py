@@ -25,7 +25,9 @@ from typing import Any
 from tests.procs import setup
 
 
-def naive_try_grant(alias: str, kind: str, name: str, *, holder: str, ttl: float, on_lost: Any = None) -> Any:
+def naive_try_grant(
+    alias: str, kind: str, name: str, *, holder: str, ttl: float, on_lost: Any = None, turn: Any = None
+) -> Any:
     """Look whether the election's row is free, then take it with an unconditional UPDATE."""
     import datetime as dt
 

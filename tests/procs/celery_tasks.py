@@ -36,7 +36,11 @@ _short = {
 def _started(task: LeaseTask, directory: str) -> Path:
     lease = task.lease
     marker = Path(directory) / f"started-{task.request.id}.{task.request.retries}"
-    marker.write_text(f"{lease.holder}\n{lease.fence}\n{os.getpid()}\n")
+    # Whole or not at all: the test reads the marker as soon as it exists (it once read an
+    # empty file written halfway).
+    partial = marker.with_name(f".partial-{marker.name}")
+    partial.write_text(f"{lease.holder}\n{lease.fence}\n{os.getpid()}\n")
+    os.replace(partial, marker)
     return marker
 
 

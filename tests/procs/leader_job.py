@@ -1,7 +1,7 @@
 """A server running a ``leader_only`` job on a schedule, for tests/test_leader_only.py.
 
     python -m tests.procs.leader_job --name N --dir D --ttl T --seconds S [--period P]
-                                     [--spread X] [--release-at-return]
+                                     [--spread X] [--release-at-return] [--pause-file F]
 
 Every ``period`` seconds of the wall clock (shared by all processes on the machine) is a
 tick; this server's schedule fires for tick k at k * period plus a random offset below
@@ -9,7 +9,11 @@ tick; this server's schedule fires for tick k at k * period plus a random offset
 critical section and returns ``{"units": units + 1, "last_tick": k}``; a run that returns is
 recorded in the leadership ledger (tests/leadership.py).
 Events (``events-<pid>``): ``BODY k`` (the body started), ``RAN k``, ``SAVED <fence> <units>``,
-``OTHERWISE k <leader> <units>``, ``LOST k`` (the run raised LeaseLost).
+``OTHERWISE k <leader> <units>``, ``LOST k`` (the run raised LeaseLost), ``PAUSING k``.
+
+``--pause-file F``: a body that finds F removes it, logs ``PAUSING`` and stops its own process
+(SIGSTOP) right there, so the test's SIGCONT resumes a run that was paused inside its body
+(a SIGSTOP sent from outside may land after the body returned, while it saves).
 
 ``--release-at-return`` is the negative control: a job that holds its leadership only while
 the body runs (a lock around the body), so a server whose schedule fires later in the same
@@ -22,6 +26,7 @@ import argparse
 import faulthandler
 import os
 import random
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +44,7 @@ def main() -> None:
     parser.add_argument("--spread", type=float, default=0.5)
     parser.add_argument("--hold", type=float, default=0.05)
     parser.add_argument("--release-at-return", action="store_true")
+    parser.add_argument("--pause-file", type=Path)
     args = parser.parse_args()
     setup()
 
@@ -69,6 +75,14 @@ def main() -> None:
         assert lease is not None
         log("BODY", tick)
         unit.update(fence=lease.fence, start=time.monotonic_ns())
+        if args.pause_file is not None:
+            try:
+                args.pause_file.unlink()
+            except FileNotFoundError:
+                pass
+            else:
+                log("PAUSING", tick)
+                os.kill(os.getpid(), signal.SIGSTOP)
         critical_section(args.dir, 0, args.hold)  # no check() here: leader_only must refuse the run
         unit["end"] = time.monotonic_ns()
         return {"units": units + 1, "last_tick": tick}

@@ -27,14 +27,14 @@ def trust_the_sample() -> None:
     def trusting_grant(
         self: Dialect, cursor: Any, *, sampled: Any, kind: str, holder: str, token: str, **_: Any
     ) -> Any:
+        # The grant without its free condition, written on the spot: the vendor's RETURNING
+        # form (on MySQL the UPDATE and the read of its row, docs/pitfalls.md#no-returning).
         p = self.placeholder
-        return self.update_returning(
-            cursor,
-            f"UPDATE {self.table} SET {self.grant_set} WHERE id = {p} AND kind = {p}",
-            (holder, token, self.ttl_param(10.0), sampled[0], kind),
-            returning=self.columns,
-            read_back=(f"id = {p} AND grant_token = {p}", (sampled[0], token)),
-        )
+        update = f"UPDATE {self.table} SET {self.grant_set} WHERE id = {p} AND kind = {p}"
+        where = f"id = {p} AND grant_token = {p}"
+        sql = self.returning_template.format(update=update, returning=self.columns, read_back=where, table=self.table)
+        params = (holder, token, self.ttl_param(10.0), 0.0, sampled[0], kind)
+        return self.returning_row(cursor, sql, params, read_params=(sampled[0], token))
 
     type(lease_connection().dialect).grant_sampled = trusting_grant  # type: ignore[method-assign]
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from resource_lease import Worker
+from resource_lease import FolderWorker, Worker
 
 
 class Echo(Worker):
@@ -18,3 +19,21 @@ class Echo(Worker):
 
     def do_work(self, key: str, payload: Any) -> bool:
         return not key.startswith("bad")
+
+
+class CutFiles(FolderWorker):
+    """The crawler farm's task folder: only ``*-cut`` files are this worker's (folder from
+    ``RESOURCE_LEASE_TEST_FOLDER``)."""
+
+    folder = os.environ.get("RESOURCE_LEASE_TEST_FOLDER", ".")
+    pattern = r".*-cut"
+    poll = 0.2
+
+    def do_work(self, key: str, payload: Any) -> bool:
+        return True
+
+
+class OnDown(Echo):
+    """A worker whose database alias never answers (tests/test_database_down.py)."""
+
+    using = "down"

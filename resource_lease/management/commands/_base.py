@@ -1,15 +1,38 @@
-"""The base of the app's commands: output piped into ``head`` (or a pager that quits) ends
-the command quietly, never with a BrokenPipeError traceback."""
+"""The base of the app's commands.
+
+- A database that is down, or that fails, is one line naming the alias and what failed
+  (``CommandError``: ``cannot connect to database 'replica' (...)``), never a driver's
+  traceback; ``--traceback`` still shows it.
+- Output piped into ``head`` (or a pager that quits) ends the command quietly, never with a
+  BrokenPipeError traceback.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
+from django.db import Error as DjangoDatabaseError
+
+from resource_lease.conf import lease_settings
+from resource_lease.db.connections import database_error
+from resource_lease.exceptions import LeaseDatabaseError
 
 
 class LeaseCommand(BaseCommand):
+    def execute(self, *args: Any, **options: Any) -> str | None:
+        alias = str(options.get("database") or lease_settings.DATABASE)
+        try:
+            return super().execute(*args, **options)
+        except (DjangoDatabaseError, LeaseDatabaseError) as exc:
+            error = database_error(alias, f"manage.py {self._name()}", exc)
+            raise CommandError(str(error)) from exc
+
+    def _name(self) -> str:
+        return type(self).__module__.rsplit(".", 1)[-1]
+
     def run_from_argv(self, argv: list[str]) -> None:
         try:
             super().run_from_argv(argv)

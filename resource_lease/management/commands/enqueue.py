@@ -11,13 +11,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from resource_lease.management.commands._arguments import database_argument
-from resource_lease.recipes.dispenser import Dispenser, check_key, check_name, check_payload
+from resource_lease.management.commands._base import LeaseCommand
+from resource_lease.recipes.dispenser import Dispenser, check_key
+from resource_lease.validation import check_json, check_name
 
 
-class Command(BaseCommand):
+class Command(LeaseCommand):
     help = "Put work items (a key and an optional JSON payload per line) into a dispenser."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -52,7 +54,7 @@ class Command(BaseCommand):
             try:
                 check_key(key)
                 payload = json.loads(rest) if rest else None
-                check_payload(payload, "payload")
+                check_json(payload, "payload")
             except (ValueError, json.JSONDecodeError) as exc:
                 raise CommandError(f"line {number}: {exc}") from None
             if key in items:

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db.models import Count, Min
 
 from resource_lease.conf import lease_settings
 from resource_lease.db import DbNow
 from resource_lease.management.commands._arguments import database_argument
+from resource_lease.management.commands._base import LeaseCommand
 from resource_lease.models import DispenserItem
 from resource_lease.pool import database_now
 from resource_lease.recipes.dispenser import dispenser_counts
@@ -22,7 +23,7 @@ from resource_lease.recipes.dispenser import dispenser_counts
 STATES = ("pending", "assigned", "done", "failed")
 
 
-class Command(BaseCommand):
+class Command(LeaseCommand):
     help = "Show each dispenser's pending, assigned, done and failed items and its workers' claims; --json for scripts."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -34,7 +35,9 @@ class Command(BaseCommand):
         using = database or str(lease_settings.DATABASE)
         counts = dispenser_counts(using, name=dispenser)
         if dispenser is not None and not counts:
-            known = sorted(DispenserItem.objects.using(using).values_list("dispenser", flat=True).distinct())
+            names = DispenserItem.objects.using(using).values_list("dispenser", flat=True)
+            # order_by(): the model orders by id too, and DISTINCT would then keep one row per item.
+            known = list(names.order_by("dispenser").distinct())
             raise CommandError(
                 f"there is no dispenser {dispenser!r} (dispensers: {', '.join(known) if known else 'none'})"
             )

@@ -11,10 +11,11 @@ import datetime as dt
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from resource_lease.conf import lease_settings
 from resource_lease.management.commands._arguments import database_argument
+from resource_lease.management.commands._base import LeaseCommand
 from resource_lease.recipes.barrier import barriers
 from resource_lease.recipes.groups import groups
 
@@ -23,7 +24,7 @@ def _iso(value: dt.datetime) -> str:
     return value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
 
 
-class Command(BaseCommand):
+class Command(LeaseCommand):
     help = "Show groups with their live members and barriers with who is inside; --json for scripts."
 
     def add_arguments(self, parser: CommandParser) -> None:

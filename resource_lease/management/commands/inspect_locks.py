@@ -1,7 +1,8 @@
 """``manage.py inspect_locks [--json] [--database ALIAS]``
 
-Named locks, semaphores and leader elections, by the database's clock: who holds each lock,
-its fence and time left; each semaphore's slots in force and its holders; each election's
+Named locks, semaphores, read/write locks and leader elections, by the database's clock: who
+holds each lock, its fence and time left; each semaphore's slots in force and its holders;
+each rwlock's writer, or its readers (how many, the last granted); each election's
 leader, fence, time left and hand-over state. ``inspect_pool`` shows the pools.
 """
 
@@ -11,12 +12,13 @@ import datetime as dt
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from resource_lease.conf import lease_settings
-from resource_lease.display import current_holder, format_duration, with_display_state
+from resource_lease.display import current_holder, format_duration, lock_delay_until, with_display_state
 from resource_lease.management.commands._arguments import database_argument
-from resource_lease.models import COORDINATION_PREFIX, ElectionRow, LockRow, SemaphoreSlot
+from resource_lease.management.commands._base import LeaseCommand
+from resource_lease.models import COORDINATION_PREFIX, ElectionRow, LockRow, RwLockRow, SemaphoreSlot
 from resource_lease.pool import DISABLED, HELD, database_now
 
 SEMAPHORE_PREFIX = f"{COORDINATION_PREFIX}semaphore:"
@@ -40,15 +42,24 @@ def _grant(row: Any) -> dict[str, Any]:
         "expires_at": _iso(row.busy_before) if live else None,
         "time_left": _seconds(row.time_left),
         "took_over_from": row.previous_holder if live and row.took_over else None,
+        "lock_delay_until": _iso(lock_delay_until(row)),
     }
+
+
+def _rw_mode(row: Any) -> dict[str, Any]:
+    """An rwlock's mode: held by a writer, or by ``readers`` readers (the holder: the last)."""
+    if row.time_left is None:
+        return {"mode": None, "readers": 0}
+    return {"mode": "read" if row.readers else "write", "readers": row.readers}
 
 
 def report(using: str) -> dict[str, Any]:
     """Every lock, semaphore and election as JSON-ready data, read on ``using``."""
     locks: list[Any] = list(with_display_state(LockRow.objects.using(using)).order_by("name"))
     slots: list[Any] = list(with_display_state(SemaphoreSlot.objects.using(using)).order_by("kind", "name"))
+    rwlocks: list[Any] = list(with_display_state(RwLockRow.objects.using(using)).order_by("name"))
     elections: list[Any] = list(with_display_state(ElectionRow.objects.using(using)).order_by("name"))
-    now = next((r.db_now for r in (*locks, *slots, *elections)), None) or database_now(using)
+    now = next((r.db_now for r in (*locks, *slots, *rwlocks, *elections)), None) or database_now(using)
     semaphores: dict[str, dict[str, Any]] = {}
     for row in slots:
         name = row.kind[len(SEMAPHORE_PREFIX) :]
@@ -62,6 +73,7 @@ def report(using: str) -> dict[str, Any]:
         "database_time": _iso(now),
         "locks": [{"name": row.name, **_grant(row)} for row in locks],
         "semaphores": list(semaphores.values()),
+        "rwlocks": [{"name": row.name, **_grant(row), **_rw_mode(row)} for row in rwlocks],
         "elections": [
             {"name": row.name, **_grant(row), "leader": _grant(row)["holder"], "state_data": row.data}
             for row in elections
@@ -69,9 +81,10 @@ def report(using: str) -> dict[str, Any]:
     }
 
 
-class Command(BaseCommand):
+class Command(LeaseCommand):
     help = (
-        "Show named locks (holder, fence, time left), semaphores (slots, holders) and leader "
+        "Show named locks (holder, fence, time left), semaphores (slots, holders), read/write locks "
+        "(writer or readers) and leader "
         "elections (leader, fence, time left, hand-over state) by the database's clock; --json for scripts."
     )
 
@@ -99,6 +112,21 @@ class Command(BaseCommand):
             )
             semaphore_rows.append((sem["name"], str(sem["slots"]), str(sem["held"]), holders or "-"))
         self._section("Semaphores", ("NAME", "SLOTS", "HELD", "HOLDERS (slot:holder, time left)"), semaphore_rows)
+        self._section(
+            "RW locks",
+            ("NAME", "STATE", "MODE", "HOLDER", "FENCE", "LEFT"),
+            [
+                (
+                    e["name"],
+                    e["state"],
+                    "-" if e["mode"] is None else "write" if e["mode"] == "write" else f"read ({e['readers']})",
+                    e["holder"] or "",
+                    str(e["fence"]),
+                    _left(e),
+                )
+                for e in data["rwlocks"]
+            ],
+        )
         self._section(
             "Elections",
             ("NAME", "STATE", "LEADER", "FENCE", "LEFT", "HAND-OVER STATE"),
@@ -129,6 +157,8 @@ class Command(BaseCommand):
 
 
 def _left(entry: dict[str, Any]) -> str:
+    if entry.get("lock_delay_until"):
+        return f"lock delay until {entry['lock_delay_until'][11:19]}"
     return format_duration(entry["time_left"]) or "-"
 
 

@@ -1,7 +1,8 @@
 """``manage.py inspect_pool [--kind K] [--state S] [--json] [--watch [--interval S]]``
 
 Each resource's state (free, held, expired, quarantined, disabled) by the database's clock,
-its holder, fence and time left, and the counts per state of each kind. ``--watch`` shows it
+its holder, fence and time left, the counts per state of each kind, and who waits in each
+kind's line (place, holder, priority, since when, where=). ``--watch`` shows it
 again every ``--interval`` seconds (a refreshing view on a terminal; one report after another
 in a pipe, one JSON document per line with ``--json``) until Ctrl-C, which ends it cleanly.
 Coordination rows (kinds starting with ``@``) are not part of any pool and are not shown.
@@ -25,7 +26,7 @@ from resource_lease.management.commands._arguments import (
     pool_resources,
 )
 from resource_lease.management.commands._base import LeaseCommand
-from resource_lease.pool import QUARANTINED, STATES, counts, database_now
+from resource_lease.pool import QUARANTINED, STATES, counts, database_now, waiting
 
 COLUMNS = ("KIND", "NAME", "STATE", "HOLDER", "FENCE", "LEASE LEFT", "URL", "NOTE")
 WIDEST = {"NAME": 40, "HOLDER": 40, "URL": 60, "NOTE": 60}
@@ -116,15 +117,40 @@ class Command(LeaseCommand):
         if state is not None:
             rows = rows.filter(state=state)  # type: ignore[misc]
         resources = list(rows)
+        lines = {k: line for k, line in waiting(kind, using=using).items() if k in per_kind}
         if as_json:
-            self._json(resources, per_kind, using, compact=compact)
+            self._json(resources, per_kind, lines, using, compact=compact)
         else:
             self._table(resources, per_kind)
+            self._lines(lines)
 
-    def _json(self, resources: list[Any], per_kind: dict[str, dict[str, int]], using: str, *, compact: bool) -> None:
+    def _json(
+        self,
+        resources: list[Any],
+        per_kind: dict[str, dict[str, int]],
+        lines: dict[str, list[Any]],
+        using: str,
+        *,
+        compact: bool,
+    ) -> None:
         report = {
             "database_time": _iso(resources[0].db_now if resources else database_now(using)),
             "counts": per_kind,
+            "waiting": {
+                kind: [
+                    {
+                        "place": w.place,
+                        "holder": w.holder,
+                        "priority": w.priority,
+                        "since": _iso(w.since),
+                        "waited": _seconds(w.waited),
+                        "place_expires_at": _iso(w.expires_at),
+                        "where": w.where,
+                    }
+                    for w in line
+                ]
+                for kind, line in lines.items()
+            },
             "resources": [
                 {
                     "kind": r.kind,
@@ -184,3 +210,15 @@ class Command(LeaseCommand):
         for name, states in per_kind.items():
             parts = ", ".join(f"{states[s]} {s}" for s in STATES)
             self.stdout.write(f"{name}: {states['total']} total: {parts}")
+
+    def _lines(self, lines: dict[str, list[Any]]) -> None:
+        """Who waits in each kind's line, in the order they will be served."""
+        for kind, line in lines.items():
+            self.stdout.write("")
+            self.stdout.write(self.style.MIGRATE_HEADING(f"Waiting for {kind}: {len(line)} in line"))
+            for w in line:
+                priority = f", priority {w.priority}" if w.priority else ""
+                where = f", where {json.dumps(w.where)}" if w.where else ""
+                self.stdout.write(
+                    f"  {w.place}. {_clip(w.holder, 60)}, waiting {format_duration(w.waited)}{priority}{where}"
+                )

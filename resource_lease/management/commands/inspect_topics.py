@@ -1,7 +1,8 @@
-"""``manage.py inspect_topics [--topic NAME] [--namespace NS] [--json]``
+"""``manage.py inspect_topics [--topic NAME] [--namespace NS] [--counter NAME] [--json]``
 
-Every notification topic (version, last payload, when) and every live-configuration key
-(type, stored value or default, version, when), as a table or as JSON for scripts.
+Every notification topic (version, last payload, when), every live-configuration key
+(type, stored value or default, version, when) and every shared counter (value, when), as a
+table or as JSON for scripts.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ import datetime as dt
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from resource_lease.conf import lease_settings
 from resource_lease.management.commands._arguments import database_argument
-from resource_lease.models import ConfigEntry, Topic
+from resource_lease.management.commands._base import LeaseCommand
+from resource_lease.models import ConfigEntry, Counter, Topic
 
 SHORT = 60
 
@@ -28,19 +30,30 @@ def _short(value: Any) -> str:
     return text if len(text) <= SHORT else text[: SHORT - 1] + "…"
 
 
-class Command(BaseCommand):
-    help = "Show notification topics (version, last payload) and live configuration keys; --json for scripts."
+class Command(LeaseCommand):
+    help = (
+        "Show notification topics (version, last payload), live configuration keys and shared counters;"
+        " --json for scripts."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--topic", help="only this topic")
         parser.add_argument("--namespace", help="only this configuration namespace")
+        parser.add_argument("--counter", help="only this counter")
         parser.add_argument("--json", action="store_true", dest="as_json", help="print JSON for scripts")
         parser.add_argument(
             "--database", type=database_argument, default=None, help="database alias (default: the lease database)"
         )
 
     def handle(
-        self, *args: Any, topic: str | None, namespace: str | None, as_json: bool, database: str | None, **options: Any
+        self,
+        *args: Any,
+        topic: str | None,
+        namespace: str | None,
+        counter: str | None,
+        as_json: bool,
+        database: str | None,
+        **options: Any,
     ) -> None:
         using = database or str(lease_settings.DATABASE)
         topics = Topic.objects.using(using).order_by("name")
@@ -49,6 +62,9 @@ class Command(BaseCommand):
             topics = topics.filter(name=topic)
         if namespace is not None:
             configs = configs.filter(namespace=namespace)
+        counters = Counter.objects.using(using).order_by("name")
+        if counter is not None:
+            counters = counters.filter(name=counter)
         if as_json:
             report = {
                 "topics": [
@@ -68,6 +84,7 @@ class Command(BaseCommand):
                     }
                     for c in configs
                 ],
+                "counters": [{"name": c.name, "value": c.value, "updated_at": _iso(c.updated_at)} for c in counters],
             }
             self.stdout.write(json.dumps(report, indent=2, ensure_ascii=False))
             return
@@ -90,6 +107,11 @@ class Command(BaseCommand):
                 )
                 for c in configs
             ],
+        )
+        self._table(
+            "Counters",
+            ("COUNTER", "VALUE", "UPDATED"),
+            [(c.name, str(c.value), _iso(c.updated_at) or "") for c in counters],
         )
 
     def _table(self, title: str, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:

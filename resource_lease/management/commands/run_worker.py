@@ -8,21 +8,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.utils.module_loading import import_string
 
+from resource_lease.management.commands._base import LeaseCommand
 from resource_lease.recipes.dispenser import WorkItem
 from resource_lease.recipes.worker import Worker
 
 
-class Command(BaseCommand):
+class Command(LeaseCommand):
     help = "Run a dispenser worker (a resource_lease.Worker subclass) until stopped or, with --until-empty, drained."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("worker_class", help="dotted path of the Worker subclass, e.g. myapp.workers.Crawl")
         parser.add_argument("--name", required=True, help="this worker's name (a restart under it resumes its items)")
         parser.add_argument(
-            "--until-empty", action="store_true", help="stop when nothing is pending or assigned in the dispenser"
+            "--until-empty",
+            action="store_true",
+            help="stop when nothing is left that this worker could claim (pending or assigned, matching its pattern)",
         )
 
     def handle(self, *args: Any, worker_class: str, name: str, until_empty: bool, **options: Any) -> None:
@@ -36,6 +39,9 @@ class Command(BaseCommand):
             worker = cls(name=name)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
+        # A database that cannot be reached at start is one clear error, not a worker that
+        # retries for ever (once running, the worker rides out a database restart).
+        worker.queue.unfinished()
         verbosity = int(options.get("verbosity", 1))
         stdout = self.stdout
         original = worker.finished

@@ -27,8 +27,7 @@ from django.db import connection
 from django.db.models import Max, Min
 
 from resource_lease import Dispenser
-from resource_lease.db.connections import run
-from resource_lease.db.dispenser import item_statements
+from resource_lease.db.operations import ops
 from resource_lease.models import DispenserItem
 
 FILL_CHUNK = 5_000
@@ -50,7 +49,7 @@ def fill(name: str, n: int) -> float:
     d = Dispenser(name)
     for start in range(0, n, FILL_CHUNK):
         chunk = [(f"item-{i:08d}", None) for i in range(start, min(n, start + FILL_CHUNK))]
-        run(d.using, lambda dl, c, chunk=chunk: item_statements(dl).put(c, dispenser=name, items=chunk), what="fill")  # type: ignore[misc]
+        ops(d.using).put_items(name, chunk)
     return time.monotonic() - started
 
 

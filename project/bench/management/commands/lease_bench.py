@@ -130,6 +130,20 @@ class Command(BaseCommand):
             action="store_true",
             help="PostgreSQL: do not VACUUM the lease table between measured points (as autovacuum would)",
         )
+        parser.add_argument(
+            "--before",
+            metavar="PATH",
+            help="waiting scenario: also measure the resource_lease of this checkout (e.g. `git worktree add "
+            "/tmp/before 70ca3fa`), its workers importing it instead, as 'before'",
+        )
+        parser.add_argument(
+            "--waiting-seconds", type=_positive_float, help="waiting scenario: seconds per window (default 5)"
+        )
+        parser.add_argument(
+            "--no-peers",
+            action="store_true",
+            help="waiting scenario: leave out ZooKeeper (kazoo) and the Redis locks",
+        )
         parser.add_argument("--replot", action="store_true", help="redraw plots and the table from --out's JSON")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -144,6 +158,9 @@ class Command(BaseCommand):
             processes=options["processes"],
             pool_sizes=options["pool_sizes"],
             contenders=options["contenders"],
+            waiting_duration=options["waiting_seconds"],
+            before=options["before"],
+            peers=False if options["no_peers"] else None,
         )
         names: list[str] = options["scenario"] or list(SCENARIOS)
         names = list(dict.fromkeys(names))

@@ -2,8 +2,9 @@
 
 Named locks next to the engine's ``acquire()``, on the database of DATABASE_URL, in one run:
 ``lock(name)`` + ``release()`` cycles per second with 1 process and with 8 processes on one
-name, 8 processes on 8 names, and ``acquire()`` + ``release()`` on a pool of 1 resource with
-1 and 8 processes. Each worker is a real process (``project.bench.lock_cycles``); the
+name, 8 processes on 8 names, ``rwlock(name).read()`` and ``.write()`` + ``release()`` with 1
+process and 8 processes on one name, and ``acquire()`` + ``release()`` on a pool of 1
+resource with 1 and 8 processes. Each worker is a real process (``project.bench.lock_cycles``); the
 contenders take turns, window by window, in an order that rotates each round, so a noisy
 neighbour hurts them alike. Prints figures; asserts nothing about speed.
 """
@@ -30,13 +31,20 @@ CONTENDERS = (
     ("lock, 1 process", "lock", 1, 1),
     ("lock, 8 processes, one name", "lock", 8, 1),
     ("lock, 8 processes, 8 names", "lock", 8, 8),
+    ("rwlock read, 1 process", "read", 1, 1),
+    ("rwlock read, 8 processes, one name", "read", 8, 1),
+    ("rwlock write, 1 process", "write", 1, 1),
+    ("rwlock write, 8 processes, one name", "write", 8, 1),
     ("acquire, 1 process, pool of 1", "acquire", 1, 1),
     ("acquire, 8 processes, pool of 1", "acquire", 8, 1),
 )
 
 
 class Command(BaseCommand):
-    help = "lock()+release() cycles/s (1 and 8 processes, one name and 8 names) next to acquire() on a pool of 1."
+    help = (
+        "lock()+release() cycles/s (1 and 8 processes, one name and 8 names), rwlock read and write (1 and 8"
+        " processes, one name) next to acquire() on a pool of 1."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--seconds", type=positive, default=3.0, help="length of one window (default 3)")

@@ -1,4 +1,4 @@
-"""The main job's notification part: the seed's "task A done, start task B" and live parameters.
+"""The main job's notification part: "task A done, start task B" (formerly a ZooKeeper watch) and live parameters.
 
     python manage.py demo_notify [--processes 4] [--each 5] [--json]
 

@@ -1,4 +1,4 @@
-"""The seed's nightly recommender pipeline, on the database alone (no ZooKeeper).
+"""A nightly recommender pipeline, once written by hand on ZooKeeper, on the database alone.
 
     python manage.py demo_pipeline [--workers 4] [--users 1000] [--ttl 4]
 
@@ -6,7 +6,7 @@ N worker processes join the group "recommender", pass a first DoubleBarrier, eac
 its share of the users by the frozen cohort (``user % size == index``), leave it (which waits
 until every share is computed), pass a second barrier, and the cohort's index 0 (the leader)
 "rebuilds the index" from every worker's results, records the completion (a fenced write of
-a state row) and notifies the topic ``recs:index-built``, the seed's daily "task A is done,
+a state row) and notifies the topic ``recs:index-built``, the daily "task A is done,
 start task B" signal, which the coordinator watches. One worker is SIGKILLed after joining, before the first
 barrier, and a replacement joins. The summary proves every user was computed exactly once.
 
@@ -77,7 +77,7 @@ class Command(BaseCommand):
         cohort = computing.enter(timeout=300)
         index, n = computing.index, computing.size
         mine = [user for user in range(users) if user % n == index]
-        # For contrast, the seed's way: n and index from this worker's own live view of the
+        # For contrast, the ZooKeeper version's way: n and index from this worker's own live view of the
         # group at this moment (not used for the work).
         view, seed_index = group.view()
         seed = [user for user in range(users) if user % len(view) == seed_index]
@@ -216,7 +216,7 @@ class Command(BaseCommand):
         seed_per_user = Counter(u for r in computed for u in r["seed_users"])
         seed_views = {tuple(r["seed_view"]) for r in computed}
         self.stdout.write(
-            f"  for contrast, the seed's way (n and index from each worker's own live group view):"
+            f"  for contrast, the old ZooKeeper way (n and index from each worker's own live group view):"
             f" {len(seed_views)} different views, {sum(1 for c in seed_per_user.values() if c > 1)} users twice,"
             f" {len(set(range(users)) - set(seed_per_user))} never"
         )

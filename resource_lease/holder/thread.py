@@ -1,9 +1,10 @@
 """The threaded holder: hold one valid resource for minutes, renewed from a background thread.
 
-``ResourceHolder`` is the seed's ``Resource(threading.Thread)`` kept recognisable:
+``ResourceHolder`` keeps the shape of the hand-written ``Resource(threading.Thread)`` holder it
+replaces (over a MySQL lock table), so that code maps onto it:
 
 =================  ==========================================================
-seed               here
+hand-written       here
 =================  ==========================================================
 initResource       ``acquire()``: blocks until a *valid* resource is held
 search_Sql         ``search()``: candidate rows (default: the engine's acquire)
@@ -14,7 +15,7 @@ fix                ``fix()``: if not ``is_valid()``, quarantine it, take another
 close / terminate  ``close()`` releases; ``terminate()`` also ends the thread
 =================  ==========================================================
 
-Unlike the seed it never trusts a lease past a local deadline (counted from when the
+Unlike the hand-written holder it never trusts a lease past a local deadline (counted from when the
 acquire or renewal was sent), says so loudly when a lease is lost (``on_lost()``), and
 takes a resource found invalid out of service with a recorded reason (quarantine) instead
 of pushing its expiry a day ahead.
@@ -28,16 +29,16 @@ import logging
 import threading
 import time
 from types import TracebackType
+from typing import Any
 
 from django.db import connections as django_connections
 from django.db import transaction
 
 from resource_lease.db.connections import close_connections
 from resource_lease.exceptions import LeaseError, LeaseLost, NoResourceAvailable
-from resource_lease.holder_config import HolderConfig, check_thread_name
-from resource_lease.holder_registry import install_sigterm_handler, live_holders, register, terminate_all, unregister
-from resource_lease.holder_state import (
-    SEARCH_LIMIT,
+from resource_lease.holder.config import HolderConfig, check_thread_name
+from resource_lease.holder.registry import register, unregister
+from resource_lease.holder.state import (
     AcquireCancelled,
     HolderStateMachine,
     is_trusted,
@@ -80,14 +81,19 @@ class ResourceHolder(HolderStateMachine, metaclass=abc.ABCMeta):
 
     #: The pool to lease from (required).
     kind: str = ""
-    #: Seconds a lease lasts without renewal (the seed's occupation_delta); default: the
+    #: Seconds a lease lasts without renewal (the hand-written holder's occupation_delta); default: the
     #: ``TTL`` setting.
     ttl: float | None = None
-    #: Seconds between renewals (the seed's occupation_interval); must leave time to renew
+    #: Seconds between renewals (the hand-written holder's occupation_interval); must leave time to renew
     #: before the local deadline (ttl less the safety margin). Default: ttl x RENEW_FRACTION.
     renew_interval: float | None = None
     #: Seconds a resource found invalid stays out of service; default: QUARANTINE_SECONDS.
     quarantine_seconds: float | None = None
+    #: Keys and values a resource's ``data`` must have (``{"region": "eu"}``), as
+    #: ``acquire(where=...)``; None: any resource of the kind.
+    where: dict[str, Any] | None = None
+    #: Place among the waiters of the kind: higher first (as ``acquire(priority=...)``).
+    priority: int = 0
 
     def __init__(
         self,
@@ -99,6 +105,8 @@ class ResourceHolder(HolderStateMachine, metaclass=abc.ABCMeta):
         holder: str | None = None,
         using: str | None = None,
         name: str | None = None,
+        where: dict[str, Any] | None = None,
+        priority: int | None = None,
     ) -> None:
         cls = type(self)
         config = HolderConfig.resolve(
@@ -108,6 +116,8 @@ class ResourceHolder(HolderStateMachine, metaclass=abc.ABCMeta):
             renew_interval=renew_interval,
             quarantine_seconds=quarantine_seconds,
             using=using,
+            where=where,
+            priority=priority,
         )
         name = check_thread_name(name)
         super().__init__(config, holder=holder, name=name or f"{cls.__name__}-{next(_names)}")
@@ -136,7 +146,7 @@ class ResourceHolder(HolderStateMachine, metaclass=abc.ABCMeta):
                 raise NoResourceAvailable(str(exc), kind=self._kind) from None
 
     def fix(self, reason: str | None = None, timeout: float | None = None) -> bool:
-        """The seed's fix: keep the resource if ``is_valid()``, else quarantine it and acquire
+        """The hand-written holder's fix: keep the resource if ``is_valid()``, else quarantine it and acquire
         another (blocking, as ``acquire(timeout)``). With ``reason``, quarantine it without
         asking ``is_valid()`` (the work found it broken). Returns True if it was kept."""
         if reason is not None and (not isinstance(reason, str) or not reason.strip()):
@@ -171,11 +181,13 @@ class ResourceHolder(HolderStateMachine, metaclass=abc.ABCMeta):
             lease, self._current = self._current, None
             self._validated = self._lost_pending = False
             self.lost_event.clear()
+        self._waker.wake()  # an acquire waiting in line gives up at once
         return lease is not None and lease.release()
 
     def terminate(self, timeout: float | None = None) -> None:
         """Release the lease and stop the thread (joined up to ``timeout`` seconds). Idempotent."""
         self._stopping.set()
+        self._waker.wake()
         try:
             self.close()
         except LeaseError as exc:  # the lease expires by itself; terminating must go on
@@ -320,10 +332,4 @@ class _HeldLease:
         self.lost_reason = reason
 
 
-__all__ = [
-    "SEARCH_LIMIT",
-    "ResourceHolder",
-    "install_sigterm_handler",
-    "live_holders",
-    "terminate_all",
-]
+__all__ = ["ResourceHolder"]

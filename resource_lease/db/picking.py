@@ -26,12 +26,17 @@ granted is random, not least recently used.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import random
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from resource_lease.conf import lease_settings
 from resource_lease.db.base import Dialect, Row
+from resource_lease.db.line import NEWCOMER, Turn
+from resource_lease.models import Resource
+from resource_lease.validation import where_matches
 
 #: Rows sampled per kind (any free ones; on MySQL the least recently used): plenty to spread contenders,
 #: small enough that refreshing the sample costs little on a pool of 100,000.
@@ -44,6 +49,16 @@ MIN_PROBE_RATE = 0.05
 #: before it scans (a miss costs a primary-key lookup; the scan walks the acquire index).
 PLENTY = 0.5
 PROBES = 3
+
+
+#: The position of ``data`` in a lease table row (the model's column order).
+_DATA = [f.attname for f in Resource._meta.concrete_fields].index("data")
+
+
+def row_data(row: Row) -> Any:
+    """A sampled row's payload (raw: JSON text on some vendors, decoded on others)."""
+    value = row[_DATA]
+    return json.loads(value) if isinstance(value, (str, bytes)) else value
 
 
 class Clock:
@@ -100,27 +115,52 @@ class Picker:
             entry = self.kinds[kind] = KindSample(rows, clock, now + refresh, 1.0 if entry is None else entry.hit_rate)
         return entry
 
-    def grant_any(self, dialect: Dialect, cursor: Any, *, kind: str, holder: str, token: str, ttl: float) -> Row | None:
-        """Grant any free row of ``kind`` under ``token``: probes while they are likely to pay,
-        then the scan. Each is a conditional single statement under the same token and the
-        first that grants ends the attempt, so a lost answer is settled by the token as before."""
+    def grant_any(
+        self,
+        dialect: Dialect,
+        cursor: Any,
+        *,
+        kind: str,
+        holder: str,
+        token: str,
+        ttl: float,
+        turn: Turn = NEWCOMER,
+        where: Mapping[str, Any] | None = None,
+        where_sql: str | None = None,
+    ) -> Row | None:
+        """Grant any free row of ``kind`` that is the caller's ``turn`` in line (and matches
+        its ``where``; ``where_sql`` is the same filter as the dialect encoded it) under
+        ``token``: probes while they are likely to pay, then the scan. Each is a conditional
+        single statement under the same token and the first that grants ends the attempt, so
+        a lost answer is settled by the token as before."""
         entry = self.sample(dialect, cursor, kind)
-        rows = entry.rows
+        rows = entry.rows if where is None else [row for row in entry.rows if where_matches(where, row_data(row))]
         rate = entry.hit_rate
         if rows and (rate >= PLENTY or random.random() < max(rate, MIN_PROBE_RATE)):
             for _ in range(PROBES if rate >= PLENTY else 1):
                 i = random.randrange(len(rows))
                 self.probes += 1
                 row = dialect.grant_sampled(
-                    cursor, sampled=rows[i], kind=kind, holder=holder, token=token, ttl=ttl, clock=entry.clock
+                    cursor,
+                    sampled=rows[i],
+                    kind=kind,
+                    holder=holder,
+                    token=token,
+                    ttl=ttl,
+                    clock=entry.clock,
+                    turn=turn,
+                    where=where_sql,
                 )
                 if row is not None:
                     self.probe_hits += 1
                     entry.hit_rate += SMOOTHING * (1.0 - entry.hit_rate)
                     return row
                 entry.hit_rate -= SMOOTHING * entry.hit_rate
+                sampled = rows[i]
                 rows[i] = rows[-1]  # taken (or gone): not probed again until the next refresh
                 rows.pop()
+                if rows is not entry.rows:
+                    entry.rows.remove(sampled)
                 if not rows:
                     break
-        return dialect.acquire(cursor, kind=kind, holder=holder, token=token, ttl=ttl)
+        return dialect.acquire(cursor, kind=kind, holder=holder, token=token, ttl=ttl, turn=turn, where=where_sql)

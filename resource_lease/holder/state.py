@@ -2,41 +2,36 @@
 validated and trusted, and the loop that acquires a candidate, checks it with
 ``is_valid()`` and quarantines it when it is invalid.
 
-``resource_lease.holder.ResourceHolder`` builds on it (configuration, the public acquire,
+``resource_lease.holder.thread.ResourceHolder`` builds on it (configuration, the public acquire,
 fix and close, the renewal thread); users subclass that, never this.
 """
 
 from __future__ import annotations
 
 import abc
-import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
 
-from django.db.models import QuerySet
-
-from resource_lease import pool, signals
+from resource_lease import metrics, pool
+from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.exceptions import LeaseError, LeaseLost, NoResourceAvailable
-from resource_lease.holder_config import HolderConfig
-from resource_lease.lease import Lease, attempt_grant, default_holder, require_kind, safety_margin
-from resource_lease.lease import acquire as lease_acquire
+from resource_lease.holder.config import HolderConfig
+from resource_lease.holder.steps import HolderSteps
+from resource_lease.lease import Lease, default_holder, safety_margin
+from resource_lease.line import Line, wait_in_line
 from resource_lease.models import Resource
 from resource_lease.validation import check_holder
-from resource_lease.waiting import wait_for
+from resource_lease.wakeups import Waker
 
 logger = logging.getLogger("resource_lease")
-
-#: How many rows of a ``search()`` result one attempt tries to lock before backing off.
-SEARCH_LIMIT = 20
 
 
 class AcquireCancelled(LeaseError):
     """An acquire stopped waiting because the holder was closed or terminated."""
 
 
-class HolderStateMachine(threading.Thread, metaclass=abc.ABCMeta):
+class HolderStateMachine(HolderSteps, threading.Thread, metaclass=abc.ABCMeta):
     """The current lease and its state (candidate, validated, lost), and the acquire loop.
 
     Every field below ``_state_lock`` is read and written under it; one acquire runs at a
@@ -56,6 +51,12 @@ class HolderStateMachine(threading.Thread, metaclass=abc.ABCMeta):
         self._renew_interval = config.renew_interval
         self._quarantine_seconds = config.quarantine_seconds
         self._using = config.using
+        self._where = config.where
+        self._priority = config.priority
+        # Who asks, as the line sees it, while an acquire waits in line (lock() reads it).
+        self._turn: Turn = NEWCOMER
+        # Wakes an acquire waiting in line, so close() and terminate() end it at once.
+        self._waker = Waker()
         super().__init__(name=name, daemon=True)
         identity = check_holder(holder)
         #: Identity recorded on leased rows: ``"<hostname>:<pid>:<thread name>"`` by default,
@@ -67,6 +68,8 @@ class HolderStateMachine(threading.Thread, metaclass=abc.ABCMeta):
         self.renew_interval = self._renew_interval
         self.quarantine_seconds = self._quarantine_seconds
         self.using = self._using
+        self.where = self._where
+        self.priority = self._priority
 
         #: Why the last ``is_valid()`` said no; ``is_valid()`` may set it (recorded as the
         #: quarantine reason).
@@ -96,53 +99,6 @@ class HolderStateMachine(threading.Thread, metaclass=abc.ABCMeta):
         state = "holding" if self.holding else "lost" if self.lost else "idle"
         at = f" {lease.resource} fence={lease.fence}" if lease is not None else ""
         return f"<{type(self).__name__} {self.name} kind={self._kind!r}{at} {state}>"
-
-    # -- to override ---------------------------------------------------------------
-
-    @abc.abstractmethod
-    def is_valid(self) -> bool:
-        """Whether ``self.resource`` works; False quarantines it. May set ``invalid_reason``.
-
-        Called with the candidate leased (so nobody else probes it at the same time). An
-        exception is not taken as "invalid": it is raised to the caller of ``acquire()`` or
-        ``fix()`` (the thread logs it and retries), so a bug cannot quarantine a whole pool.
-        """
-
-    def search(self) -> Iterable[Resource] | None:
-        """Candidate rows for the lock step, best first; None uses the engine's acquire.
-
-        Override to narrow the pool, starting from ``candidates()``, e.g.
-        ``return self.candidates().filter(data__region="eu")``. Rows need not be free any
-        more by the time they are locked: ``lock()`` decides. At most ``SEARCH_LIMIT`` rows
-        of the result are tried per attempt.
-        """
-        return None
-
-    def candidates(self) -> QuerySet[Resource]:
-        """Free, enabled, unquarantined resources of ``kind``, least recently used first
-        (by the database's clock), for ``search()`` to narrow."""
-        return Resource.objects.using(self._using).free(self._kind).order_by("busy_before", "pk")
-
-    def lock(self, candidate: Resource) -> Lease | None:
-        """Lease ``candidate`` if it is still free: one conditional UPDATE on its id (free by the
-        database's clock, enabled, not quarantined) whose matched-row count decides a race;
-        ``search()`` only proposes (docs/pitfalls.md#snapshot-reads, docs/pitfalls.md#found-rows).
-
-        The grant is the engine's (fence + 1, holder, token, expiry = database now + ttl), so
-        the ``Lease`` renews, releases and fences exactly like one from ``acquire()``.
-        Returns None if another holder got there first.
-        """
-        kind, holder, ttl, pk = self._kind, self.holder, self._ttl, candidate.pk
-        lease = attempt_grant(
-            kind,
-            ttl=ttl,
-            holder=holder,
-            alias=self._using,
-            statement=lambda d, c, token: d.grant(c, pk=pk, kind=kind, holder=holder, token=token, ttl=ttl),
-        )
-        if lease is not None:
-            signals.lease_granted.send(sender=Resource, lease=lease)
-        return lease
 
     # -- state -------------------------------------------------------------------------
 
@@ -195,7 +151,7 @@ class HolderStateMachine(threading.Thread, metaclass=abc.ABCMeta):
     # -- the acquire loop ---------------------------------------------------------------
 
     def _register(self) -> None:
-        """Count this holder among the process's live holders (``holder_registry``)."""
+        """Count this holder among the process's live holders (``holder.registry``)."""
         raise NotImplementedError
 
     def _acquire(self, wait: float | None, *, in_thread: bool, epoch: int | None = None) -> Lease:
@@ -215,11 +171,11 @@ class HolderStateMachine(threading.Thread, metaclass=abc.ABCMeta):
             release_quietly(current)
         self._register()
 
-        def attempt() -> Lease | None:
+        def attempt(turn: Turn) -> Lease | None:
             while True:
                 self._raise_if_cancelled(epoch)
                 try:
-                    lease = self._grab(give_up_if_empty=not in_thread)
+                    lease = self._grab(turn, give_up_if_empty=not in_thread)
                     if lease is None or self._accept(lease, epoch):
                         return lease
                 except (AcquireCancelled, NoResourceAvailable):
@@ -232,37 +188,33 @@ class HolderStateMachine(threading.Thread, metaclass=abc.ABCMeta):
                     return None
                 # It was invalid (quarantined) or lost while checked: the next one now.
 
-        # Paused on _stopping, so terminate() ends the wait at once (the next attempt raises).
-        lease = wait_for(attempt, timeout=wait, sleep=self._stopping.wait)
-        if lease is None:
-            raise NoResourceAvailable(
-                f"no valid resource of kind {self._kind!r} could be held within {wait:g}s", kind=self._kind
-            )
-        return lease
+        with metrics.waiting(self._kind, using=self._using, holder=self.holder) as wait_metric:
+            try:
+                # Waits in the kind's line; close() and terminate() wake it (the next attempt raises).
+                lease = wait_in_line(
+                    Line(self._using, self._kind),
+                    attempt,
+                    timeout=wait,
+                    holder=self.holder,
+                    ttl=self._ttl,
+                    priority=self._priority,
+                    where=self._where_sql(),
+                    waker=self._waker,
+                )
+            except AcquireCancelled:
+                wait_metric.outcome = "timeout"  # given up (closed, terminated), not an error
+                raise
+            if lease is None:
+                raise NoResourceAvailable(
+                    f"no valid resource of kind {self._kind!r} could be held within {wait:g}s", kind=self._kind
+                )
+            return wait_metric.granted(lease)
 
     def _raise_if_cancelled(self, epoch: int) -> None:
         if self._stopping.is_set():
             raise AcquireCancelled(f"{self.name} was terminated while acquiring")
         if self._epoch != epoch:
             raise AcquireCancelled(f"{self.name} was closed while acquiring")
-
-    def _grab(self, *, give_up_if_empty: bool) -> Lease | None:
-        """One attempt: the engine's acquire, or lock the first free row ``search()`` found."""
-        found = self.search()
-        if found is None:
-            try:
-                return lease_acquire(self._kind, ttl=self._ttl, timeout=0, holder=self.holder, using=self._using)
-            except NoResourceAvailable as exc:
-                if give_up_if_empty and not exc.exists:
-                    raise
-                return None
-        for candidate in _first(found, SEARCH_LIMIT):
-            lease = self.lock(candidate)
-            if lease is not None:
-                return lease
-        if give_up_if_empty:
-            require_kind(self._using, self._kind)
-        return None
 
     def _accept(self, lease: Lease, epoch: int) -> bool:
         """Install a fresh lease and check it; False if it was invalid (now quarantined)."""
@@ -346,9 +298,3 @@ def release_quietly(lease: Lease) -> None:
         lease.release()
     except LeaseError as exc:  # the lease expires by itself
         logger.warning("releasing %r failed: %s", lease, exc)
-
-
-def _first(found: Iterable[Resource], limit: int) -> Iterator[Resource]:
-    if isinstance(found, QuerySet) and not found.query.is_sliced:
-        found = found[:limit]
-    return itertools.islice(iter(found), limit)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from resource_lease.validation import check_seconds
 
 if TYPE_CHECKING:
-    from resource_lease.holder import ResourceHolder
+    from resource_lease.holder.thread import ResourceHolder
 
 logger = logging.getLogger("resource_lease")
 

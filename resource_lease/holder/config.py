@@ -8,7 +8,14 @@ from typing import Any
 
 from resource_lease.conf import lease_settings
 from resource_lease.lease import safety_margin
-from resource_lease.validation import check_alias, check_kind, check_seconds
+from resource_lease.validation import (
+    check_kind,
+    check_priority,
+    check_seconds,
+    check_where,
+    resolve_ttl,
+    resolve_using,
+)
 
 
 @dataclass(frozen=True)
@@ -20,6 +27,8 @@ class HolderConfig:
     renew_interval: float
     quarantine_seconds: float
     using: str
+    where: dict[str, Any] | None = None
+    priority: int = 0
 
     @classmethod
     def resolve(
@@ -31,6 +40,8 @@ class HolderConfig:
         renew_interval: float | None,
         quarantine_seconds: float | None,
         using: str | None,
+        where: dict[str, Any] | None = None,
+        priority: int | None = None,
     ) -> HolderConfig:
         """The arguments given, else ``holder_class``'s attributes, else the settings.
 
@@ -44,7 +55,7 @@ class HolderConfig:
             )
         checked_kind = check_kind(kind)
         ttl = holder_class.ttl if ttl is None else ttl
-        checked_ttl = check_seconds(lease_settings.TTL if ttl is None else ttl, "ttl")
+        checked_ttl = resolve_ttl(ttl)
         interval = holder_class.renew_interval if renew_interval is None else renew_interval
         if interval is None:
             interval = checked_ttl * float(lease_settings.RENEW_FRACTION)
@@ -61,8 +72,18 @@ class HolderConfig:
         checked_quarantine = check_seconds(
             lease_settings.QUARANTINE_SECONDS if quarantine is None else quarantine, "quarantine_seconds"
         )
-        checked_using = check_alias(lease_settings.DATABASE if using is None else using)
-        return cls(checked_kind, checked_ttl, checked_interval, checked_quarantine, checked_using)
+        checked_using = resolve_using(using)
+        checked_where = check_where(getattr(holder_class, "where", None) if where is None else where)
+        checked_priority = check_priority(getattr(holder_class, "priority", 0) if priority is None else priority)
+        return cls(
+            checked_kind,
+            checked_ttl,
+            checked_interval,
+            checked_quarantine,
+            checked_using,
+            checked_where,
+            checked_priority,
+        )
 
 
 def check_thread_name(name: Any) -> str | None:

@@ -1,0 +1,108 @@
+"""``manage.py nemesis --primitive lock --seconds 60 [--processes 6] [--database URL ...]``
+
+Many processes use one primitive while a nemesis SIGKILLs and SIGSTOPs them, ends their
+database sessions, restarts the server (unless RESOURCE_LEASE_FAULTS_NO_RESTART is set) and
+moves their wall clocks; a checker judges the history. Prints one line per primitive and
+database (operations, faults injected by type, violations); exits 1 if any violation was
+found. docs/jepsen.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
+
+from project.arguments import positive, positive_int
+from project.bench.nemesis.runner import FAULTS, PRIMITIVES, Plan, run
+from project.bench.targets import resolve, url_from_alias
+
+
+def _names(choices: tuple[str, ...]) -> Any:
+    def parse(text: str) -> list[str]:
+        if text.strip() == "all":
+            return list(choices)
+        names = [part.strip() for part in text.split(",") if part.strip()]
+        unknown = [name for name in names if name not in choices]
+        if unknown or not names:
+            raise ValueError(text)
+        return names
+
+    parse.__name__ = "list"
+    return parse
+
+
+class Command(BaseCommand):
+    help = "Use a primitive from many processes under a nemesis (kills, pauses, cut sessions, restarts, skewed clocks) and judge the history."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--primitive",
+            type=_names(PRIMITIVES),
+            required=True,
+            help=f"one or more of {','.join(PRIMITIVES)} (comma-separated), or all",
+        )
+        parser.add_argument("--seconds", type=positive, required=True, help="how long the nemesis works")
+        parser.add_argument("--processes", type=positive_int, default=6)
+        parser.add_argument(
+            "--database",
+            action="append",
+            help="an alias of DATABASES or a URL (mysql://, postgres://, sqlite:///); repeatable; default: default",
+        )
+        parser.add_argument("--ttl", type=positive, default=2.0)
+        parser.add_argument("--hold", type=positive, default=0.01, help="seconds of work per trusted unit")
+        parser.add_argument("--interval", type=positive, default=0.5, help="mean seconds between faults")
+        parser.add_argument("--restart-every", type=positive, default=60.0, help="seconds between server restarts")
+        parser.add_argument("--faults", type=_names(FAULTS), default=list(FAULTS), help=",".join(FAULTS))
+        parser.add_argument("--seed", type=int, default=None)
+        parser.add_argument("--keep", type=Path, default=None, help="keep the histories in this directory")
+        parser.add_argument("--json", action="store_true", help="print the reports as JSON")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        primitives = options["primitive"]
+        targets = []
+        for item in options["database"] or ["default"]:
+            try:
+                target = resolve(item)
+                target.describe()
+                if "://" in item:  # a database of its own: make the tables if need be
+                    call_command("migrate", "resource_lease", database=target.alias, verbosity=0)
+            except (ValueError, DatabaseError) as exc:
+                raise CommandError(f"--database {item}: {exc}") from exc
+            targets.append(target)
+        reports = []
+        for target in targets:
+            url = target.url or url_from_alias(target.alias)
+            for primitive in primitives:
+                plan = Plan(
+                    primitive=primitive,
+                    seconds=options["seconds"],
+                    processes=options["processes"],
+                    ttl=options["ttl"],
+                    hold=options["hold"],
+                    interval=options["interval"],
+                    restart_every=options["restart_every"],
+                    faults=tuple(options["faults"]),
+                    seed=options["seed"],
+                )
+                keep = options["keep"] / f"{target.key}-{primitive}" if options["keep"] else None
+                report = run(plan, alias=target.alias, url=url, label=target.label, keep=keep)
+                reports.append(report)
+                if not options["json"]:
+                    self.stdout.write(report.line())
+                    for kind, why in report.not_injected.items():
+                        self.stdout.write(f"  not injected: {kind} ({why})")
+                    for kind, examples in report.examples.items():
+                        for example in examples:
+                            self.stdout.write(f"  {kind}: {example}")
+                    if report.directory:
+                        self.stdout.write(f"  histories: {report.directory}")
+        if options["json"]:
+            self.stdout.write(json.dumps([r.as_dict() for r in reports], indent=1))
+        bad = sum(r.violations for r in reports)
+        if bad:
+            raise CommandError(f"{bad} violations")

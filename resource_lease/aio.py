@@ -1,0 +1,207 @@
+"""asyncio: the same grants for Django's async views and consumers, never blocking the loop.
+
+``aacquire``, ``alock`` and ``asemaphore`` take the arguments of ``acquire``, ``lock`` and
+``semaphore`` and give the same ``Lease`` (which also has ``arenew()``, ``arelease()``,
+``ais_held()`` and ``async with``). Each is both awaitable and an async context manager::
+
+    lease = await aacquire("proxy", ttl=30, timeout=5)
+    async with alock("rebuild", ttl=60, timeout=5) as lease:
+        ...
+
+How it works, following Django's own way of running database work from async code
+(asgiref's ``sync_to_async``): every statement runs in a worker thread
+(``thread_sensitive=False``: the engine's connections are its own, one per thread, and a grant
+must not queue behind the view's ORM work on the one thread-sensitive thread), and only the
+waiting happens on the event loop. A waiter takes the same decisions as a thread waiting in
+line (``line.Waiting.steps``): its place in the database, its turn in each grant statement;
+its pauses are ``asyncio`` waits woken by the same wake-ups (a release in this process, the
+release's NOTIFY on PostgreSQL, its looks elsewhere). A cancelled waiter leaves the line at
+once; a grant that came back while it was being cancelled is given back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Generator
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+from asgiref.sync import sync_to_async
+
+from resource_lease import metrics
+from resource_lease.exceptions import LeaseError
+from resource_lease.lease import Lease, acquiring
+from resource_lease.line import Attempt, Call, Wait, Waiting
+from resource_lease.recipes.locks import locking, semaphoring
+from resource_lease.recipes.rwlock import RwLock
+from resource_lease.wakeups import Waker
+
+logger = logging.getLogger("resource_lease")
+
+T = TypeVar("T")
+
+
+def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Awaitable[T]:
+    """Run ``fn`` in a worker thread (Django's ``sync_to_async``, not thread-sensitive)."""
+    return sync_to_async(functools.partial(fn, *args, **kwargs), thread_sensitive=False)()
+
+
+class AsyncWaker(Waker):
+    """A ``Waker`` whose waiter is a coroutine: a wake-up from any thread sets an
+    ``asyncio.Event`` on the waiter's loop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._loop = asyncio.get_running_loop()
+        self._event = asyncio.Event()
+
+    def wake(self) -> None:
+        super().wake()
+        try:
+            self._loop.call_soon_threadsafe(self._event.set)
+        except RuntimeError:  # the loop has closed: nobody waits any more
+            pass
+
+    async def await_wake(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for a wake-up; the wake-ups since the last wait."""
+        self._event.clear()
+        woken = self.wait(0)
+        if woken or timeout <= 0:
+            return woken
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+        except TimeoutError:
+            pass
+        return self.wait(0)
+
+
+async def _granting(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a thread, a grant possibly among what it returns; if the caller is
+    cancelled meanwhile, the grant that comes back anyway is given back before the
+    cancellation goes on (a lease nobody holds would otherwise block others for its ttl)."""
+    task = asyncio.ensure_future(in_thread(fn, *args))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        try:
+            late = await asyncio.shield(task)
+        except Exception:  # noqa: BLE001 - the attempt failed: nothing to give back
+            late = None
+        if isinstance(late, Lease):
+            try:
+                await asyncio.shield(in_thread(late.release))
+            except LeaseError as exc:  # it expires by itself
+                logger.warning("giving back %r after a cancellation failed: %s", late, exc)
+        raise
+
+
+async def arun(wait: Wait[T]) -> T:
+    """Wait in line without blocking the event loop (see the module's docstring); the answer
+    of ``wait.conclude``, as ``wait.run()`` gives it in a thread."""
+    waker = AsyncWaker()
+    waiting = Waiting(
+        wait.line,
+        timeout=wait.timeout,
+        holder=wait.holder,
+        ttl=wait.ttl,
+        priority=wait.priority,
+        where=wait.where,
+        waker=waker,
+        shared=wait.shared,
+    )
+    steps = waiting.steps()
+    with metrics.waiting(wait.line.kind, using=wait.line.alias, holder=wait.holder) as measured:
+        try:
+            try:
+                step = next(steps)
+                while True:
+                    if isinstance(step, Attempt):
+                        value = await _granting(wait.attempt, step.turn)
+                    elif isinstance(step, Call):
+                        value = await in_thread(step.run)
+                    else:
+                        value = await waker.await_wake(step.seconds)
+                    step = steps.send(value)
+            except StopIteration as done:
+                grant = done.value
+            except asyncio.CancelledError:
+                measured.outcome = "timeout"  # given up, not an error
+                raise
+        finally:
+            steps.close()
+            # Leave the line at once, even when cancelled (shielded: the place must go).
+            await asyncio.shield(in_thread(waiting.cleanup))
+        return await _granting(wait.finish, grant, measured)  # type: ignore[no-any-return]
+
+
+class Acquiring(Generic[T]):
+    """A grant being asked for: ``await`` it for the lease, or ``async with`` it to release
+    the lease on the way out. The arguments are checked in a worker thread, like every
+    statement (a semaphore creates its slot rows there)."""
+
+    def __init__(self, build: Callable[[], Wait[T]]) -> None:
+        self._build = build
+        self._lease: T | None = None
+
+    async def _get(self) -> T:
+        wait = await in_thread(self._build)
+        return await arun(wait)
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self._get().__await__()
+
+    async def __aenter__(self) -> T:
+        self._lease = await self._get()
+        return self._lease
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        lease, self._lease = self._lease, None
+        if isinstance(lease, Lease):
+            await lease.__aexit__(exc_type, exc, tb)
+
+
+def aacquire(kind: str, **kwargs: Any) -> Acquiring[Lease]:
+    """``acquire()`` for async code: ``await aacquire(kind, ...)`` or ``async with``."""
+    return Acquiring(functools.partial(acquiring, kind, **kwargs))
+
+
+def alock(name: str, **kwargs: Any) -> Acquiring[Lease]:
+    """``lock()`` for async code: ``await alock(name, ...)`` or ``async with``."""
+    return Acquiring(functools.partial(locking, name, **kwargs))
+
+
+def asemaphore(name: str, slots: int, **kwargs: Any) -> Acquiring[Lease]:
+    """``semaphore()`` for async code: ``await asemaphore(name, slots, ...)`` or ``async with``."""
+    return Acquiring(functools.partial(semaphoring, name, slots, **kwargs))
+
+
+class ARwLock:
+    """``rwlock(name)`` for async code: ``await arwlock(name).read(...)``, ``async with
+    arwlock(name).write(...) as lease``; the same ``Lease`` as the sync rwlock's."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<ARwLock {self.name!r}>"
+
+    def read(self, **kwargs: Any) -> Acquiring[Lease]:
+        """``rwlock(name).read()`` for async code."""
+        return Acquiring(lambda: RwLock(self.name).reading(**kwargs))
+
+    def write(self, **kwargs: Any) -> Acquiring[Lease]:
+        """``rwlock(name).write()`` for async code."""
+        return Acquiring(lambda: RwLock(self.name).writing(**kwargs))
+
+
+def arwlock(name: str) -> ARwLock:
+    """``rwlock()`` for async code: ``.read(...)`` and ``.write(...)`` are awaitable and async
+    context managers, taking ``lock()``'s keyword arguments."""
+    return ARwLock(name)
+
+
+__all__ = ["ARwLock", "Acquiring", "AsyncWaker", "aacquire", "alock", "arun", "arwlock", "asemaphore", "in_thread"]

@@ -1,0 +1,254 @@
+"""The line of waiters' statements (``resource_lease.line``), a part of every ``Dialect``.
+
+``Turn`` is who asks for a grant as the line sees it (the place in line, or a newcomer); every
+grant statement takes its parameters (``statements.LINE_CLEAR``). ``LineStatements`` holds the
+statements of the places themselves (take, keep, leave, look) and the ``where=`` filters as
+each vendor compares them (docs/pitfalls.md#json-compared).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from resource_lease.db import statements
+
+
+@dataclass(frozen=True)
+class Turn:
+    """Who asks for a grant, as the line of waiters sees it: the caller's place in line (its
+    id and priority), or a newcomer (place 0, which no place has: every live waiter of the
+    line is ahead of it). See ``statements.LINE_CLEAR``."""
+
+    place: int = 0
+    priority: int = 0
+    #: The caller's ``lock_delay`` (seconds): the grant writes it on the row (GRANT_SET); a
+    #: grant of it that expires unreleased keeps the row from every grant this long after.
+    lock_delay: float = 0.0
+
+    def with_delay(self, lock_delay: float) -> Turn:
+        """This turn, asking for ``lock_delay`` on its grant."""
+        return self if lock_delay == self.lock_delay else Turn(self.place, self.priority, lock_delay)
+
+    def params(self, line_name: str) -> tuple[Any, ...]:
+        """LINE_CLEAR's parameters for a row of the line ``line_name`` ('' for any row)."""
+        return (line_name, self.place, self.priority, self.priority, self.place, self.place)
+
+    @property
+    def forms(self) -> tuple[bool, ...]:
+        """The forms of a grant to try, in order (``in_line``: the line form, LINE_CLEAR). A
+        newcomer first tries the form that only asks whether a waiter marked the row
+        (UNMARKED: no subquery, the uncontended grant's cost), then, if that granted nothing,
+        the line form, which may find the marks stale or the waiters not interested; a waiter
+        in line always checks the line."""
+        return (True,) if self.place else (False, True)
+
+
+#: A caller with no place in line (``timeout=0``, or the first attempt of one that waits).
+NEWCOMER = Turn()
+
+
+@dataclass(frozen=True)
+class Place:
+    """A live place in a line, as ``Dialect.line_waiters`` reads it."""
+
+    id: int
+    holder: str
+    priority: int
+    since: dt.datetime
+    expires_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class Look:
+    """A waiter's look at its line (``Dialect.look``): whether its place is still live, how
+    many live waiters are ahead of it (``filtered``: how many of those have a ``where=`` of
+    their own), how many rows it could take are free (up to a few), when the first held row
+    of the line expires (None: none held) and the database's clock."""
+
+    live: bool
+    ahead: int
+    filtered: int
+    free: int
+    next_free_at: dt.datetime | None
+    now: dt.datetime
+
+
+def key_paths(key: str) -> dict[str, str]:
+    """The JSON paths of ``key`` for the vendors that look a key up as its document spells
+    it (MySQL/MariaDB, SQLite: the stored text, escapes and all): ``pa`` as Python (Django's
+    JSONField, ``json.dumps``) writes it, non-ASCII and control characters escaped
+    (``\\u00e9``), and ``pu`` as writers that keep UTF-8 write it (``é``). A key found under
+    neither is missing (docs/pitfalls.md#json-compared). ``check_where`` refuses the quote and
+    backslash a path cannot carry."""
+    return {
+        "pa": '$."' + json.dumps(key)[1:-1] + '"',
+        "pu": '$."' + json.dumps(key, ensure_ascii=False)[1:-1] + '"',
+    }
+
+
+class LineStatements:
+    """The line's statements; ``Dialect`` supplies the rendered SQL and the vendor's pieces."""
+
+    #: How a ``where=`` value's type is named by the vendor's JSON functions (``encode_where``):
+    #: for str, int, True, False, None.
+    where_types: Mapping[str, str] = {}
+    sql: dict[str, str]
+    forms: dict[tuple[bool, bool], dict[str, str]]
+    placeholder: str
+
+    def ttl_param(self, ttl: float) -> Any:
+        raise NotImplementedError
+
+    def to_datetime(self, value: Any) -> dt.datetime:
+        raise NotImplementedError
+
+    def returning_row(
+        self, cursor: Any, sql: str, params: Sequence[Any], *, read_params: Sequence[Any] = ()
+    ) -> Sequence[Any] | None:
+        raise NotImplementedError
+
+    def matches_sql(self, where: str, data: str) -> str:
+        """An SQL condition, never NULL: the JSON ``data`` has every key of the filter
+        ``where`` (JSON text, as ``encode_where`` wrote it: [{"k": key, "t": type, "s":
+        text}, ...]) with a value of the same type and text."""
+        raise NotImplementedError
+
+    def encode_where(self, where: Mapping[str, Any]) -> str:
+        """A checked ``where=`` filter (keys: str; values: str, int, bool or None) as the JSON
+        text ``matches_sql`` compares: each key with its value's type as this vendor's JSON
+        functions name it, and its text (booleans and null: their type says it all)."""
+        entries = []
+        for key, value in sorted(where.items()):
+            if value is None:
+                kind, text = "null", ""
+            elif value is True or value is False:
+                kind, text = str(value).lower(), str(value).lower()
+            elif isinstance(value, int):
+                kind, text = "int", str(value)
+            else:
+                kind, text = "str", value
+            entries.append({"k": key, "t": self.where_types[kind], "s": text, **key_paths(key)})
+        return json.dumps(entries)
+
+    def statement(self, name: str, where: str | None, *, in_line: bool = True) -> str:
+        """The statement ``name`` in its line form or not (``Turn.forms``), and with the
+        caller's ``where=`` filter if any."""
+        return self.forms[in_line, where is not None][name]
+
+    @staticmethod
+    def grant_params(holder: str, token: str, ttl_param: Any, turn: Turn) -> tuple[Any, ...]:
+        """GRANT_SET's parameters: the holder, the token, the ttl, the caller's lock delay."""
+        return (holder, token, ttl_param, float(turn.lock_delay))
+
+    @staticmethod
+    def grantable(kind: str, turn: Turn, where: str | None, line: str = "", *, in_line: bool = True) -> tuple[Any, ...]:
+        """GRANTABLE's parameters: the kind, the caller's turn in the line ``line`` (the line
+        form only), its filter."""
+        params = (kind, *turn.params(line)) if in_line else (kind,)
+        return params if where is None else (*params, where)
+
+    # -- the line of waiters -----------------------------------------------------------
+
+    def enter_line(
+        self,
+        cursor: Any,
+        *,
+        kind: str,
+        name: str,
+        holder: str,
+        priority: int,
+        where: str | None,
+        token: str,
+        ttl: float,
+        shared: bool = False,
+        mark: bool = True,
+    ) -> int:
+        """Take a place at the back of the line (kind, name) for ``ttl`` seconds, the line's
+        rows marked first if ``mark`` (``mark_line``); its id. ``shared``: a reader of an
+        rwlock (served with the readers ahead of it)."""
+        if mark:
+            self.mark_line(cursor, kind=kind, name=name, where=where, ttl=ttl)
+        row = self.returning_row(
+            cursor,
+            self.sql["ENTER_LINE"],
+            (kind, name, holder, priority, where, shared, token, self.ttl_param(ttl)),
+            read_params=(token,),
+        )
+        if row is None:
+            raise RuntimeError("taking a place in line inserted no row")
+        return int(row[0])
+
+    def purge_line(self, cursor: Any, *, kind: str, name: str) -> None:
+        """Drop the expired places of the line (their waiters died or were paused): they no
+        longer count, they only take room."""
+        cursor.execute(self.sql["PURGE_LINE"], (kind, name))
+
+    def find_place(self, cursor: Any, *, token: str) -> int | None:
+        """The place taken under ``token``, if that insert committed (settles a lost answer)."""
+        cursor.execute(self.sql["FIND_PLACE"], (token,))
+        rows = cursor.fetchall()
+        return int(rows[0][0]) if rows else None
+
+    def mark_line(self, cursor: Any, *, kind: str, name: str, where: str | None, ttl: float) -> None:
+        """Mark the rows a waiter of the line (kind, name) may wait for, so that until the mark
+        ends a newcomer's grant of them checks the line (MARK_LINE). Before a place is taken
+        or kept: the mark outlasts it."""
+        marked, at_least = self.ttl_param(2 * ttl), self.ttl_param(1.5 * ttl)
+        if name:
+            cursor.execute(self.sql["MARK_NAMED"], (marked, kind, name, at_least))
+        else:
+            own = () if where is None else (where,)
+            cursor.execute(self.statement("MARK_LINE", where), (marked, kind, at_least, *own))
+
+    def renew_place(
+        self, cursor: Any, *, kind: str, name: str, where: str | None, place: int, ttl: float, mark: bool = True
+    ) -> bool:
+        """Keep a live place for ``ttl`` more seconds, and then (``mark``) its line's rows
+        marked (``mark_line``); False if it had expired (it is lost: nothing is written)."""
+        cursor.execute(self.sql["RENEW_PLACE"], (self.ttl_param(ttl), place))
+        if cursor.rowcount != 1:
+            return False
+        if mark:
+            self.mark_line(cursor, kind=kind, name=name, where=where, ttl=ttl)
+        return True
+
+    def leave_line(self, cursor: Any, *, place: int) -> None:
+        cursor.execute(self.sql["LEAVE_LINE"], (place,))
+
+    def line_waiters(self, cursor: Any, *, kind: str, name: str, limit: int) -> list[Place]:
+        """The first ``limit`` live places of the line (kind, name), in the order of service."""
+        cursor.execute(statements.fill(self.sql["LINE_WAITERS"], limit=str(int(limit))), (kind, name))
+        return [
+            Place(int(pk), holder, int(priority), self.to_datetime(since), self.to_datetime(expires))
+            for pk, holder, priority, since, expires in cursor.fetchall()
+        ]
+
+    #: Free rows a waiter's look counts at most.
+    LOOK_LIMIT = 8
+
+    def look(self, cursor: Any, *, kind: str, name: str, turn: Turn, where: str | None, shared: bool = False) -> Look:
+        """A waiter's look at its line (``Look``): reads only, by primary key and indexes.
+        ``shared``: a reader of an rwlock (only writers ahead count; free: open to readers)."""
+        me, prio = turn.place, turn.priority
+        if name:
+            sql = self.sql["LOOK_READ" if shared else "LOOK_NAMED"]
+            params: tuple[Any, ...] = (me, kind, name, me, prio, prio, me, kind, name, kind, name)
+        else:
+            sql = statements.fill(self.statement("LOOK_ANY", where), limit=str(self.LOOK_LIMIT))
+            own = () if where is None else (where,)
+            ahead = (kind, me, prio, prio, me)
+            params = (me, *ahead, *ahead, kind, *own, kind)
+        cursor.execute(sql, params)
+        live, ahead_n, filtered, free, next_at, now = cursor.fetchall()[0]
+        return Look(
+            live=bool(live),
+            ahead=int(ahead_n),
+            filtered=int(filtered),
+            free=int(free),
+            next_free_at=None if next_at is None else self.to_datetime(next_at),
+            now=self.to_datetime(now),
+        )

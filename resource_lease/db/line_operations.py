@@ -1,0 +1,113 @@
+"""The line of waiters' named operations (``db/line.py``'s statements), a part of
+``db.operations.Operations``: ``ops(using).enter_line(...)``, ``.look(...)``, ...
+
+Taking a place is settled by its token when the connection is lost (a second place would
+stand behind the first and block it: docs/pitfalls.md#unknown-outcome); everything else is
+repeated.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from resource_lease.db.connections import Disconnected, run, run_repeatable
+from resource_lease.db.line import Look, Place, Turn
+
+
+class LineOperations:
+    """The line's operations on ``alias`` (see the module's docstring)."""
+
+    alias: str
+
+    def enter_line(
+        self,
+        kind: str,
+        name: str,
+        *,
+        holder: str,
+        priority: int,
+        where: str | None,
+        ttl: float,
+        shared: bool = False,
+        mark: bool = True,
+    ) -> int:
+        """Take a place at the back of the line (kind, name) for ``ttl`` seconds, the line's
+        rows marked first if ``mark``; its id (``shared``: a reader of an rwlock)."""
+        what = f"taking a place in line {kind}:{name}" if name else f"taking a place in line {kind}"
+
+        def enter(token: str) -> int:
+            return run(
+                self.alias,
+                lambda d, c: d.enter_line(
+                    c,
+                    kind=kind,
+                    name=name,
+                    holder=holder,
+                    priority=priority,
+                    where=where,
+                    token=token,
+                    ttl=ttl,
+                    shared=shared,
+                    mark=mark,
+                ),
+                what=what,
+            )
+
+        token = secrets.token_hex(16)
+        try:
+            return enter(token)
+        except Disconnected:
+            found = run_repeatable(self.alias, lambda d, c: d.find_place(c, token=token), what=f"settling: {what}")
+            if found is not None:
+                return found
+            # The insert never committed (the statement never reached the server): once more.
+            return run_repeatable(
+                self.alias,
+                lambda d, c: d.enter_line(
+                    c,
+                    kind=kind,
+                    name=name,
+                    holder=holder,
+                    priority=priority,
+                    where=where,
+                    token=secrets.token_hex(16),
+                    ttl=ttl,
+                    shared=shared,
+                    mark=mark,
+                ),
+                what=what,
+            )
+
+    def renew_place(
+        self, place: int, *, kind: str, name: str, where: str | None, ttl: float, mark: bool = True
+    ) -> bool:
+        """Keep a live place of the line (kind, name) ``ttl`` seconds more, and (``mark``) the
+        line's rows marked; False if it had expired (it is lost)."""
+        return run_repeatable(
+            self.alias,
+            lambda d, c: d.renew_place(c, kind=kind, name=name, where=where, place=place, ttl=ttl, mark=mark),
+            what=f"keeping place {place} in line",
+        )
+
+    def leave_line(self, place: int) -> None:
+        run_repeatable(self.alias, lambda d, c: d.leave_line(c, place=place), what=f"leaving line (place {place})")
+
+    def purge_line(self, kind: str, name: str) -> None:
+        """Drop the line's expired places (dead or paused waiters)."""
+        run_repeatable(self.alias, lambda d, c: d.purge_line(c, kind=kind, name=name), what=f"purging line {kind}")
+
+    def look(self, kind: str, name: str, *, turn: Turn, where: str | None, shared: bool = False) -> Look:
+        """A waiter's look at its line (reads only; ``shared``: as a reader of an rwlock)."""
+        return run_repeatable(
+            self.alias,
+            lambda d, c: d.look(c, kind=kind, name=name, turn=turn, where=where, shared=shared),
+            what=f"looking at line {kind}",
+        )
+
+    def line_waiters(self, kind: str, name: str, *, limit: int) -> list[Place]:
+        """The first ``limit`` live places of the line, in the order of service."""
+        return run_repeatable(
+            self.alias,
+            lambda d, c: d.line_waiters(c, kind=kind, name=name, limit=limit),
+            what=f"reading line {kind}",
+        )

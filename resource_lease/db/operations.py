@@ -1,0 +1,320 @@
+"""The engine's operations on one database alias, by name: ``ops(alias).renew(...)``.
+
+One method per statement (or per short sequence of them), typed, so that no caller outside
+``db/`` writes SQL, hands a statement in as a lambda, or reads through the ORM on its own
+connection where the engine's is meant (docs/pitfalls.md#own-connection). Each method knows
+what a lost connection means for its statement (docs/pitfalls.md#unknown-outcome):
+
+- *repeatable* (reads, renewals, idempotent writes): run once more on a new connection
+  (``connections.run_repeatable``);
+- *settled by its token* (grants, claims, outcomes): never run blindly again; the token the
+  statement wrote is read back (``find_grant``, ``ITEMS_CLAIMED``, ``ITEMS_COUNT_TOKEN``).
+
+Every statement runs on the engine's own connection of the calling thread, in autocommit
+(``db/connections.py``), and is one of the dialect's rendered statements (``dialect.sql``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from resource_lease.db.base import Dialect, Row
+from resource_lease.db.connections import Disconnected, LockWaitTimeout, lease_connection, run, run_repeatable
+from resource_lease.db.item_operations import Claimed, ItemOperations
+from resource_lease.db.line import NEWCOMER, Turn
+from resource_lease.db.line_operations import LineOperations
+from resource_lease.db.term_operations import TermOperations
+from resource_lease.exceptions import OutcomeUnknown
+
+logger = logging.getLogger("resource_lease")
+
+T = TypeVar("T")
+
+#: ``(dialect, cursor, token) -> row``: a granting statement (``grant_any`` and its kin).
+Grant = Callable[[Dialect, Any, str], "Row | None"]
+
+
+class Operations(ItemOperations, LineOperations, TermOperations):
+    """The named operations on ``alias`` (see the module's docstring); the dispenser's are
+    ``ItemOperations``' (``db/item_operations.py``), the line of waiters' ``LineOperations``'
+    (``db/line_operations.py``), the leadership log's ``TermOperations``'
+    (``db/term_operations.py``)."""
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+
+    def __repr__(self) -> str:
+        return f"<Operations on {self.alias!r}>"
+
+    @property
+    def dialect(self) -> Dialect:
+        return lease_connection(self.alias).dialect
+
+    # -- grants: settled by their token --------------------------------------------------------
+
+    def grant(self, kind: str, statement: Grant) -> tuple[Row | None, bool]:
+        """Run a granting statement once under a fresh token: (the granted row or None,
+        whether its outcome was unknown and was settled by reading the token back). A
+        statement rolled back after the bounded lock wait granted nothing."""
+        token = secrets.token_hex(16)
+        try:
+            row = run(self.alias, lambda d, c: statement(d, c, token), what=f"granting a resource of kind {kind!r}")
+        except LockWaitTimeout as exc:
+            # Nothing granted this attempt; the caller's own timeout decides whether to try again.
+            logger.info("acquire of %r waited out the lock wait timeout: %s", kind, exc)
+            return None, False
+        except Disconnected as exc:
+            # The connection died with the outcome unknown (maybe during COMMIT): read the
+            # grant back by its token, never run the statement blindly again.
+            logger.warning("connection lost while granting %r; settling by reading back: %s", kind, exc)
+            row = run_repeatable(
+                self.alias, lambda d, c: d.find_grant(c, kind=kind, token=token), what="settling a grant"
+            )
+            return row, True
+        return row, False
+
+    def grant_any(
+        self,
+        kind: str,
+        *,
+        holder: str,
+        ttl: float,
+        turn: Turn = NEWCOMER,
+        where: Mapping[str, Any] | None = None,
+        where_sql: str | None = None,
+    ) -> Grant:
+        """Any free row of ``kind`` that is the caller's ``turn`` in line (and matches its
+        ``where``; ``where_sql`` is the same as the dialect encoded it): this thread's probes,
+        then the scan (``db/picking.py``)."""
+        picker = lease_connection(self.alias).picker
+        return lambda d, c, token: picker.grant_any(
+            d, c, kind=kind, holder=holder, token=token, ttl=ttl, turn=turn, where=where, where_sql=where_sql
+        )
+
+    @staticmethod
+    def grant_by_id(
+        pk: int, *, kind: str, holder: str, ttl: float, turn: Turn = NEWCOMER, where_sql: str | None = None
+    ) -> Grant:
+        """The row ``pk`` if it is free and the caller's turn (the holder's lock step)."""
+        return lambda d, c, token: d.grant(
+            c, pk=pk, kind=kind, holder=holder, token=token, ttl=ttl, turn=turn, where=where_sql
+        )
+
+    @staticmethod
+    def grant_by_name(kind: str, name: str, *, holder: str, ttl: float, turn: Turn = NEWCOMER) -> Grant:
+        """The row ``(kind, name)`` if it is free and the caller's turn (locks, elections, members)."""
+        return lambda d, c, token: d.grant_named(
+            c, kind=kind, name=name, holder=holder, token=token, ttl=ttl, turn=turn
+        )
+
+    # -- a grant of ours ---------------------------------------------------------------------------
+
+    def renew(self, *, pk: int, holder: str, fence: int, ttl: float) -> dt.datetime | None:
+        """Extend a live grant of ours (repeatable); the new expiry, or None if not ours."""
+        return run_repeatable(
+            self.alias,
+            lambda d, c: d.renew(c, pk=pk, holder=holder, fence=fence, ttl=ttl),
+            what=f"renewing resource {pk}",
+        )
+
+    def is_held(self, *, pk: int, holder: str, fence: int) -> bool:
+        return run_repeatable(
+            self.alias, lambda d, c: d.is_held(c, pk=pk, holder=holder, fence=fence), what=f"checking resource {pk}"
+        )
+
+    def release(self, *, pk: int, holder: str, fence: int) -> bool:
+        """Give a grant back: True if it was ours and is free now. An answer lost with the
+        connection is settled: run again, and if that finds nothing to release, read back
+        whether the first one did (``was_released``)."""
+        what = f"releasing resource {pk}"
+
+        def release(d: Dialect, c: Any) -> bool:
+            return d.release(c, pk=pk, holder=holder, fence=fence)
+
+        def settle(d: Dialect, c: Any) -> bool:
+            return release(d, c) or d.was_released(c, pk=pk, holder=holder, fence=fence)
+
+        try:
+            return run(self.alias, release, what=what)
+        except Disconnected:
+            return run_repeatable(self.alias, settle, what=what)
+
+    def write_data(self, *, pk: int, holder: str, fence: int, data: str) -> bool:
+        """A fenced write of a live grant's payload (JSON text), repeatable."""
+        return bool(
+            run_repeatable(
+                self.alias,
+                lambda d, c: d.write_data(c, pk=pk, holder=holder, fence=fence, data=data),
+                what=f"writing resource {pk}'s data",
+            )
+        )
+
+    # -- rows by kind and name -----------------------------------------------------------------------
+
+    def kind_exists(self, kind: str) -> bool:
+        return run_repeatable(self.alias, lambda d, c: d.kind_exists(c, kind), what=f"looking up kind {kind!r}")
+
+    def insert_missing(self, kind: str, names: Sequence[str], *, data: str = "{}") -> None:
+        run_repeatable(
+            self.alias,
+            lambda d, c: d.insert_missing(c, kind=kind, names=names, data=data),
+            what=f"creating {kind} rows",
+        )
+
+    def read_named(self, kind: str, names: Sequence[str] | None = None) -> tuple[list[Any], dt.datetime | None]:
+        """The rows of ``kind`` (only ``names`` if given) as Resources, and the database's
+        clock of that read."""
+
+        def read(d: Dialect, c: Any) -> tuple[list[Any], dt.datetime | None]:
+            rows, now = d.read_named(c, kind=kind, names=names)
+            return [d.to_resource(row) for row in rows], None if now is None else d.to_datetime(now)
+
+        return run_repeatable(self.alias, read, what=f"reading {kind}")
+
+    def limit_slots(self, kind: str, *, below: str) -> int:
+        return run_repeatable(
+            self.alias, lambda d, c: d.limit_slots(c, kind=kind, below=below), what=f"setting the slots of {kind}"
+        )
+
+    # -- notifications and configuration: statements of db/topics.py ---------------------------------
+
+    def notify(self, topic: str, payload: str, channel: str) -> int:
+        """Create or bump ``topic`` with ``payload`` (JSON text); its new version. Repeated
+        after a lost answer (the version may then move by two; a watcher sees the latest)."""
+        params = {"name": topic, "payload": payload, "channel": channel}
+        return run_repeatable(
+            self.alias, lambda d, c: d.run_bump(c, d.sql["TOPIC_NOTIFY"], params), what=f"notify({topic!r})"
+        )
+
+    def read_topic(self, topic: str) -> tuple[int, str | None] | None:
+        """``(version, payload JSON text)`` of ``topic``, None if it was never notified."""
+
+        def read(d: Dialect, c: Any) -> tuple[int, str | None] | None:
+            c.execute(d.sql["TOPIC_READ"], {"name": topic})
+            rows = c.fetchall()
+            return None if not rows else (int(rows[0][0]), rows[0][1])
+
+        return run_repeatable(self.alias, read, what=f"read topic {topic!r}")
+
+    def declare_config(self, namespace: str, keys: Sequence[tuple[str, str, str]]) -> dict[str, str]:
+        """Record each key's ``(key, type name, default JSON text)`` (its value stays; a key
+        declared before keeps its type); the declared types read back, ``{key: type name}``."""
+
+        def declare(d: Dialect, c: Any) -> dict[str, str]:
+            for key, type_name, default in keys:
+                params = {"namespace": namespace, "key": key, "type": type_name, "default": default}
+                c.execute(d.sql["CONFIG_DECLARE"], params)
+            return _types(d, c, namespace)
+
+        return run_repeatable(self.alias, declare, what=f"Config({namespace!r}) declaring its keys")
+
+    def config_types(self, namespace: str) -> dict[str, str]:
+        """``{key: type name}`` of every declared key of ``namespace``."""
+        return run_repeatable(
+            self.alias, lambda d, c: _types(d, c, namespace), what=f"Config({namespace!r}) reading its types"
+        )
+
+    def retype_config(self, namespace: str, key: str, *, type_name: str, default: str) -> bool:
+        """Change a declared key's type and default; False if the key was never declared."""
+        params = {"namespace": namespace, "key": key, "type": type_name, "default": default}
+
+        def retype(d: Dialect, c: Any) -> bool:
+            c.execute(d.sql["CONFIG_RETYPE"], params)
+            return bool(c.rowcount)
+
+        return run_repeatable(self.alias, retype, what=f"Config.retype({namespace!r}, {key!r})")
+
+    def set_config(
+        self, namespace: str, key: str, *, type_name: str, default: str, value: str | None, channel: str
+    ) -> int:
+        """Store ``value`` (JSON text; None: back to the default) and raise the key's
+        version; the new version."""
+        params = {
+            "namespace": namespace,
+            "key": key,
+            "type": type_name,
+            "default": default,
+            "value": value,
+            "channel": channel,
+        }
+        return run_repeatable(
+            self.alias,
+            lambda d, c: d.run_bump(c, d.sql["CONFIG_SET"], params),
+            what=f"storing config {namespace!r}:{key!r}",
+        )
+
+    def compare_and_set_config(
+        self, namespace: str, key: str, *, version: int, value: str | None, channel: str
+    ) -> bool:
+        """Store ``value`` (JSON text; None: back to the default) only if the key's version is
+        still ``version``; whether it was (the version is then one more). Never repeated: a
+        lost answer raises ``OutcomeUnknown`` (a second run would be refused by the first's
+        success)."""
+        params = {"namespace": namespace, "key": key, "version": version, "value": value, "channel": channel}
+        what = f"Config({namespace!r}).compare_and_set({key!r})"
+        return _once(self.alias, lambda d, c: d.run_conditional(c, d.sql["CONFIG_CAS"], params), what=what)
+
+    def read_config(self, namespace: str) -> list[tuple[str, str | None, int]]:
+        """``(key, value JSON text or None, version)`` of every stored key of ``namespace``."""
+
+        def read(d: Dialect, c: Any) -> list[tuple[str, str | None, int]]:
+            c.execute(d.sql["CONFIG_READ"], {"namespace": namespace})
+            return [(str(k), v, int(n)) for k, v, n in c.fetchall()]
+
+        return run_repeatable(self.alias, read, what=f"Config({namespace!r}) reading")
+
+    # -- counters: statements of db/counters.py ---------------------------------------------------
+
+    def add_counter(self, name: str, n: int) -> int | None:
+        """Add ``n`` to counter ``name`` (created at 0 first); the new value, or None if it
+        would leave BIGINT (nothing changed). Never repeated: a lost answer raises
+        ``OutcomeUnknown``."""
+        params = {"name": name, "n": n}
+        return _once(
+            self.alias, lambda d, c: d.run_add(c, d.sql["COUNTER_ADD"], params), what=f"counter({name!r}).add({n})"
+        )
+
+    def read_counter(self, name: str) -> int:
+        """The value of counter ``name`` (0 if it was never added to)."""
+
+        def read(d: Dialect, c: Any) -> int:
+            c.execute(d.sql["COUNTER_READ"], {"name": name})
+            rows = c.fetchall()
+            return int(rows[0][0]) if rows else 0
+
+        return run_repeatable(self.alias, read, what=f"counter({name!r}).value()")
+
+
+def _once(alias: str, statement: Callable[[Dialect, Any], T], *, what: str) -> T:
+    """``run`` for a write that must not be repeated blindly and has no token to settle it
+    by: a lost answer is ``OutcomeUnknown`` (docs/pitfalls.md#unknown-outcome)."""
+    try:
+        return run(alias, statement, what=what)
+    except Disconnected as exc:
+        raise OutcomeUnknown(
+            f"{what}: the connection to {alias!r} was lost during the statement; it may or may not have"
+            f" been applied: {exc}"
+        ) from exc.cause
+
+
+def _types(d: Dialect, c: Any, namespace: str) -> dict[str, str]:
+    c.execute(d.sql["CONFIG_TYPES"], {"namespace": namespace})
+    return {str(k): str(t) for k, t in c.fetchall()}
+
+
+_ops: dict[str, Operations] = {}
+
+
+def ops(alias: str) -> Operations:
+    """The named operations on ``alias`` (one object per alias; it holds no connection)."""
+    found = _ops.get(alias)
+    if found is None:
+        found = _ops[alias] = Operations(alias)
+    return found
+
+
+__all__ = ["Claimed", "Grant", "Operations", "ops"]

@@ -1,0 +1,71 @@
+"""The named operations of rwlocks (``db/rwlock.py``'s statements): the grants, settled by
+their token as every grant is, and ``ReaderOperations``, what a read grant's ``Lease`` renews,
+checks and releases with.
+
+A read grant's release is never run twice: a second run would count another reader of the
+period out and could let a writer in while that reader holds. An answer lost with the
+connection is left unknown (False); the read period then lasts until its expiry.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from resource_lease.db.connections import Disconnected, run, run_repeatable
+from resource_lease.db.line import NEWCOMER, Turn
+from resource_lease.db.operations import Grant, Operations
+
+logger = logging.getLogger("resource_lease")
+
+
+def grant_read(kind: str, name: str, *, holder: str, ttl: float, turn: Turn = NEWCOMER) -> Grant:
+    """A read grant of the rwlock's row ``(kind, name)`` with the caller's ``turn``."""
+    return lambda d, c, token: d.grant_read(c, kind=kind, name=name, holder=holder, token=token, ttl=ttl, turn=turn)
+
+
+def grant_write(kind: str, name: str, *, holder: str, ttl: float, turn: Turn = NEWCOMER) -> Grant:
+    """A write grant of the rwlock's row ``(kind, name)`` with the caller's ``turn``."""
+    return lambda d, c, token: d.grant_write(c, kind=kind, name=name, holder=holder, token=token, ttl=ttl, turn=turn)
+
+
+class ReaderOperations(Operations):
+    """``Operations`` whose renew, is_held and release are a read grant's (``RW_READ_*``):
+    the grant is known by the row and its fence (the holder is not on the row: the last
+    reader's is)."""
+
+    def renew(self, *, pk: int, holder: str, fence: int, ttl: float) -> dt.datetime | None:
+        """Keep a live read grant (repeatable: it only pushes the period's expiry); the
+        period's expiry, or None if the grant is gone."""
+        return run_repeatable(
+            self.alias, lambda d, c: d.read_renew(c, pk=pk, fence=fence, ttl=ttl), what=f"renewing read grant {fence}"
+        )
+
+    def is_held(self, *, pk: int, holder: str, fence: int) -> bool:
+        return run_repeatable(
+            self.alias, lambda d, c: d.read_is_held(c, pk=pk, fence=fence), what=f"checking read grant {fence}"
+        )
+
+    def release(self, *, pk: int, holder: str, fence: int) -> bool:
+        """Give a read grant back: True if it was live. Run once (see the module's docstring)."""
+        try:
+            return run(
+                self.alias, lambda d, c: d.read_release(c, pk=pk, fence=fence), what=f"releasing read grant {fence}"
+            )
+        except Disconnected as exc:
+            logger.warning("connection lost releasing read grant %s; it ends with its read period: %s", fence, exc)
+            return False
+
+
+_reader_ops: dict[str, ReaderOperations] = {}
+
+
+def reader_ops(alias: str) -> ReaderOperations:
+    """The read grants' operations on ``alias`` (one object per alias)."""
+    found = _reader_ops.get(alias)
+    if found is None:
+        found = _reader_ops[alias] = ReaderOperations(alias)
+    return found
+
+
+__all__ = ["ReaderOperations", "grant_read", "grant_write", "reader_ops"]

@@ -1,0 +1,123 @@
+"""A ``ResourceHolder``'s steps, each one a user may override: ``is_valid()`` (required),
+``search()`` and ``candidates()`` (which rows to try) and ``lock(candidate)`` (the grant of one
+row), and the one attempt that runs them with the caller's turn in the kind's line
+(``resource_lease.line``). ``holder/state.py``'s state machine builds on them.
+"""
+
+from __future__ import annotations
+
+import abc
+import itertools
+from collections.abc import Iterable, Iterator
+
+from django.db.models import QuerySet
+from django.db.models.fields.json import KeyTransform
+
+from resource_lease import signals
+from resource_lease.db.line import NEWCOMER, Turn
+from resource_lease.db.operations import ops
+from resource_lease.lease import Lease, attempt_grant, require_kind
+from resource_lease.models import Resource
+
+#: How many rows of a ``search()`` result one attempt tries to lock before backing off.
+SEARCH_LIMIT = 20
+
+
+class HolderSteps(metaclass=abc.ABCMeta):
+    """The overridable steps and one attempt with them (see the module's docstring)."""
+
+    _kind: str
+    _ttl: float
+    _using: str
+    _where: dict[str, object] | None
+    _turn: Turn
+    holder: str
+
+    # -- to override ---------------------------------------------------------------
+
+    @abc.abstractmethod
+    def is_valid(self) -> bool:
+        """Whether ``self.resource`` works; False quarantines it. May set ``invalid_reason``.
+
+        Called with the candidate leased (so nobody else probes it at the same time). An
+        exception is not taken as "invalid": it is raised to the caller of ``acquire()`` or
+        ``fix()`` (the thread logs it and retries), so a bug cannot quarantine a whole pool.
+        """
+
+    def search(self) -> Iterable[Resource] | None:
+        """Candidate rows for the lock step, best first; None uses the engine's acquire.
+
+        Override to narrow the pool, starting from ``candidates()``, e.g.
+        ``return self.candidates().filter(data__region="eu")``. Rows need not be free any
+        more by the time they are locked: ``lock()`` decides. At most ``SEARCH_LIMIT`` rows
+        of the result are tried per attempt.
+        """
+        return None
+
+    def candidates(self) -> QuerySet[Resource]:
+        """Free, enabled, unquarantined resources of ``kind`` (with the holder's ``where``),
+        least recently used first (by the database's clock), for ``search()`` to narrow."""
+        found = Resource.objects.using(self._using).free(self._kind)
+        for i, (key, value) in enumerate((self._where or {}).items()):
+            if value is not None:  # a narrowing hint only: the lock step's statement decides
+                found = found.alias(**{f"_where{i}": KeyTransform(key, "data")}).filter(**{f"_where{i}": value})
+        return found.order_by("busy_before", "pk")
+
+    def lock(self, candidate: Resource) -> Lease | None:
+        """Lease ``candidate`` if it is still free: one conditional UPDATE on its id (free by the
+        database's clock, enabled, not quarantined) whose matched-row count decides a race;
+        ``search()`` only proposes (docs/pitfalls.md#snapshot-reads, docs/pitfalls.md#found-rows).
+
+        The grant is the engine's (fence + 1, holder, token, expiry = database now + ttl), so
+        the ``Lease`` renews, releases and fences exactly like one from ``acquire()``.
+        It honours the line of waiters (``resource_lease.line``): a candidate a waiter ahead of
+        this holder could take is not granted. Returns None if another holder got there first.
+        """
+        kind, holder, ttl = self._kind, self.holder, self._ttl
+        statement = ops(self._using).grant_by_id(
+            candidate.pk, kind=kind, holder=holder, ttl=ttl, turn=self._turn, where_sql=self._where_sql()
+        )
+        lease = attempt_grant(kind, ttl=ttl, holder=holder, alias=self._using, statement=statement)
+        if lease is not None:
+            signals.lease_granted.send(sender=Resource, lease=lease)
+        return lease
+
+    def _grab(self, turn: Turn, *, give_up_if_empty: bool) -> Lease | None:
+        """One attempt with the caller's ``turn`` in line: the engine's acquire, or lock the
+        first free row ``search()`` found."""
+        self._turn = turn
+        try:
+            found = self.search()
+            if found is None:
+                lease = attempt_grant(
+                    self._kind,
+                    ttl=self._ttl,
+                    holder=self.holder,
+                    alias=self._using,
+                    turn=turn,
+                    where=self._where,
+                    where_sql=self._where_sql(),
+                )
+                if lease is not None:
+                    signals.lease_granted.send(sender=Resource, lease=lease)
+                    return lease
+            else:
+                for candidate in _first(found, SEARCH_LIMIT):
+                    lease = self.lock(candidate)
+                    if lease is not None:
+                        return lease
+        finally:
+            self._turn = NEWCOMER
+        if give_up_if_empty:
+            require_kind(self._using, self._kind)
+        return None
+
+    def _where_sql(self) -> str | None:
+        """The holder's ``where`` as its database compares it (``Dialect.encode_where``)."""
+        return None if self._where is None else ops(self._using).dialect.encode_where(self._where)
+
+
+def _first(found: Iterable[Resource], limit: int) -> Iterator[Resource]:
+    if isinstance(found, QuerySet) and not found.query.is_sliced:
+        found = found[:limit]
+    return itertools.islice(iter(found), limit)

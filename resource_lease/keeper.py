@@ -1,0 +1,328 @@
+"""The process's keeper: one thread that runs every periodic job of the library.
+
+The role of tooz's ``Heart``, kazoo's session and procrastinate's side-task monitor: a recipe
+says *what* to keep (a lease, a work item's claim, a row to take again after loss, a watch
+to poll) and the keeper keeps it. One daemon thread, one timer heap, one database connection
+per alias serve the renewals of every ``auto_renew`` lease, lock, election, group membership,
+barrier place and place in line, a worker's claims, the "take the row again" of elections
+and groups, and every polling watch of the process.
+
+A job is any object with a step method (``keep()`` by default; ``renew_in_background()``
+for a renewable) that runs once and returns the seconds until its next run, or None to
+stop. Jobs are held weakly: one that is garbage-collected simply stops. A step that takes
+long holds up every other job, so the keeper says so loudly: a step that took longer than
+the interval it asked for, or longer than ``OVERRUN`` seconds, is logged as a warning
+naming the job and how long it took (as tooz's Heart does when a beat overruns). A step
+that raises is a bug: logged with its traceback, and the job is dropped.
+
+Users' callbacks (``on_lost``, ``on_elected`` / ``on_revoked``, watch callbacks) never run
+on the keeper's thread, where a slow one would stall every renewal of the process: the
+keeper hands them to ``Callbacks``, at most ``CALLBACK_THREADS`` threads. Each owner (a
+watch, an election, a group, a lease) is served by one of them, so its callbacks run in
+order, one at a time, on one thread; a callback that blocks holds up only the owners that
+share its thread, never a renewal.
+
+The keeper's thread and the callback threads start on demand and end a second after they
+have nothing left to do, closing their connections. A forked child starts with a keeper of
+its own that keeps nothing of its parent's (docs/pitfalls.md#fork).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from resource_lease.db.connections import close_connections
+from resource_lease.forking import PerProcess
+
+logger = logging.getLogger("resource_lease")
+
+#: Seconds a keeper or callback thread waits with nothing to do before it exits.
+IDLE_EXIT = 1.0
+#: A step that holds the keeper longer than this is warned about, whatever its interval.
+OVERRUN = 1.0
+#: The most threads that run users' callbacks at once.
+CALLBACK_THREADS = 4
+
+_RUNNING = -1  # the entry of a job whose step runs now
+
+
+def start_thread(target: Callable[[], None], name: str) -> threading.Thread:
+    """Start one of the library's daemon threads (the keeper's, a callback thread's)."""
+    thread = threading.Thread(target=target, name=name[:60], daemon=True)
+    thread.start()
+    return thread
+
+
+class Keeper:
+    """The process's scheduler of periodic work (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)
+        # Its own condition on the same lock: who waits for a step to end (``finish``) must
+        # never take a notify() meant for the keeper's thread.
+        self._step_ended = threading.Condition(lock)
+        self._running: Any = None  # the job whose step runs now
+        self._heap: list[tuple[float, int, weakref.ref[Any]]] = []
+        self._seq = itertools.count()
+        # Each scheduled job: (its step method's name, the seq of its live heap entry, or
+        # _RUNNING while its step runs). Stale heap entries (a job cancelled, woken or
+        # collected) are dropped when they come up.
+        self._jobs: weakref.WeakKeyDictionary[Any, tuple[str, int]] = weakref.WeakKeyDictionary()
+        self._woken: weakref.WeakSet[Any] = weakref.WeakSet()  # woken while its step ran
+        self._thread: threading.Thread | None = None
+        self.callbacks = Callbacks()
+
+    # -- jobs ---------------------------------------------------------------------------
+
+    def schedule(self, job: Any, delay: float, *, step: str = "keep") -> None:
+        """Run ``job.<step>()`` in ``delay`` seconds, then as often as it asks (until it
+        returns None, ``cancel(job)``, or the job is garbage-collected)."""
+        with self._cond:
+            current = self._jobs.get(job)
+            if current is not None and current[1] == _RUNNING:
+                self._jobs[job] = (step, _RUNNING)  # rescheduled when its step returns
+                return
+            self._push(job, step, time.monotonic() + max(0.0, delay))
+
+    def cancel(self, job: Any) -> None:
+        """Stop running ``job`` (no-op if it is not scheduled); a step running now finishes."""
+        with self._cond:
+            if self._jobs.pop(job, None) is not None:
+                self._cond.notify()
+
+    def finish(self, job: Any, timeout: float | None = None) -> bool:
+        """Wait until no step of ``job`` runs (after ``cancel``: the one running now has
+        ended, so it sends no more statements); at once on the keeper's thread. Whether it
+        has ended within ``timeout`` seconds."""
+        if self.on_keeper_thread():
+            return True
+        with self._step_ended:
+            return self._step_ended.wait_for(lambda: self._running is not job, timeout)
+
+    def wake(self, job: Any) -> None:
+        """Run ``job``'s next step now (a notification arrived; a callback finished)."""
+        with self._cond:
+            current = self._jobs.get(job)
+            if current is None:
+                return
+            if current[1] == _RUNNING:
+                self._woken.add(job)
+            else:
+                self._push(job, current[0], time.monotonic())
+
+    def scheduled(self, job: Any) -> bool:
+        """Whether ``job`` is kept now."""
+        with self._cond:
+            return job in self._jobs
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The keeper's thread while it runs; None when it has exited (nothing to keep)."""
+        return self._thread
+
+    def on_keeper_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def _push(self, job: Any, step: str, due: float) -> None:
+        seq = next(self._seq)
+        self._jobs[job] = (step, seq)
+        heapq.heappush(self._heap, (due, seq, weakref.ref(job)))
+        if self._thread is None:
+            self._thread = start_thread(self._run, "resource-lease-keeper")
+        self._cond.notify()
+
+    # -- the thread ---------------------------------------------------------------------
+
+    def _next_due(self) -> tuple[Any, str] | None:
+        """Wait for the next job that is due; None when there is nothing left to keep."""
+        idle_since: float | None = None
+        with self._cond:
+            while True:
+                while self._heap:
+                    due, seq, ref = self._heap[0]
+                    job = ref()
+                    entry = self._jobs.get(job) if job is not None else None
+                    if entry is not None and entry[1] == seq:
+                        break
+                    heapq.heappop(self._heap)  # cancelled, woken (a newer entry) or collected
+                else:
+                    # Linger briefly before exiting: back-to-back leases (a Celery worker's
+                    # tasks) then reuse the thread and its connection.
+                    if idle_since is None:
+                        idle_since = time.monotonic()
+                    idle_left = IDLE_EXIT - (time.monotonic() - idle_since)
+                    if idle_left > 0:
+                        self._cond.wait(idle_left)
+                        continue
+                    self._thread = None
+                    return None
+                idle_since = None
+                delay = due - time.monotonic()
+                if delay <= 0:
+                    heapq.heappop(self._heap)
+                    step = entry[0]
+                    self._jobs[job] = (step, _RUNNING)
+                    self._woken.discard(job)
+                    self._running = job
+                    return job, step
+                del job
+                self._cond.wait(delay)
+
+    def _run(self) -> None:
+        try:
+            while (due := self._next_due()) is not None:
+                job, step = due
+                self._run_step(job, step)
+                del job, due
+        except BaseException:
+            logger.exception("the resource_lease keeper thread failed")
+            with self._cond:
+                self._thread = None
+            raise
+        finally:
+            close_connections()
+
+    def _run_step(self, job: Any, step: str) -> None:
+        started = time.monotonic()
+        try:
+            next_in = getattr(job, step)()
+        except Exception:  # a bug must be loud, never a job that quietly stops
+            logger.exception("keeper: %r.%s() failed; it is no longer kept", job, step)
+            next_in = None
+        took = time.monotonic() - started
+        if took > OVERRUN or (next_in is not None and took > next_in > 0):
+            asked = "" if next_in is None else f" (it asked to run again in {next_in:.3f}s)"
+            logger.warning(
+                "keeper: %r.%s() took %.3fs%s; the process's other periodic work waited for it",
+                job,
+                step,
+                took,
+                asked,
+            )
+        with self._cond:
+            self._running = None
+            self._step_ended.notify_all()
+            entry = self._jobs.get(job)
+            if entry is None or entry[1] != _RUNNING:
+                return  # cancelled meanwhile, or scheduled anew by schedule()
+            if next_in is None:
+                del self._jobs[job]
+                return
+            if job in self._woken:
+                next_in = 0.0
+            self._push(job, entry[0], time.monotonic() + next_in)
+
+
+class _Lane:
+    """One callback thread and its queue."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.queue: deque[tuple[Any, Callable[..., Any], tuple[Any, ...]]] = deque()
+        self.thread: threading.Thread | None = None
+        self.running: Any = None  # the owner whose callback runs now
+        self.owners = 0  # owners pinned to this lane
+
+
+class Callbacks:
+    """At most ``CALLBACK_THREADS`` threads that run users' callbacks off the keeper.
+
+    An owner that calls back often (a watch, a started election, a joined group) is
+    ``pin``ned to one thread for its life, so its callbacks run on one thread, in order,
+    never two at once; a one-off owner (a lease's ``on_lost``) goes to the least busy one.
+    """
+
+    def __init__(self, limit: int = CALLBACK_THREADS) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._lanes = [_Lane(i) for i in range(limit)]
+        self._pinned: weakref.WeakKeyDictionary[Any, _Lane] = weakref.WeakKeyDictionary()
+
+    def pin(self, owner: Any) -> None:
+        """Serve every callback of ``owner`` on one thread until ``unpin``."""
+        with self._cond:
+            if owner not in self._pinned:
+                lane = min(self._lanes, key=lambda lane: (lane.owners, len(lane.queue), lane.index))
+                lane.owners += 1
+                self._pinned[owner] = lane
+
+    def unpin(self, owner: Any) -> None:
+        """Drop ``owner``'s queued callbacks and wait for one that runs now (unless called
+        from it): no callback of ``owner`` starts after this returns."""
+        with self._cond:
+            lane = self._pinned.pop(owner, None)
+            if lane is None:
+                return
+            lane.owners -= 1
+            lane.queue = deque(item for item in lane.queue if item[0] is not owner)
+            while lane.running is owner and threading.current_thread() is not lane.thread:
+                self._cond.wait()
+            self._cond.notify_all()
+
+    def call(self, owner: Any, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on ``owner``'s callback thread; an exception is logged."""
+        with self._cond:
+            lane = self._pinned.get(owner)
+            if lane is None:
+                lane = min(self._lanes, key=lambda lane: (lane.running is not None, len(lane.queue), lane.index))
+            lane.queue.append((owner, fn, args))
+            if lane.thread is None:
+                lane.thread = start_thread(lambda: self._serve(lane), f"resource-lease-callbacks-{lane.index}")
+            self._cond.notify_all()
+
+    def _serve(self, lane: _Lane) -> None:
+        try:
+            idle_since: float | None = None
+            while True:
+                with self._cond:
+                    if not lane.queue:
+                        if idle_since is None:
+                            idle_since = time.monotonic()
+                        idle_left = IDLE_EXIT - (time.monotonic() - idle_since)
+                        if idle_left > 0 or lane.owners:
+                            self._cond.wait(idle_left if idle_left > 0 else IDLE_EXIT)
+                            continue
+                        lane.thread = None
+                        return
+                    idle_since = None
+                    owner, fn, args = lane.queue.popleft()
+                    lane.running = owner
+                try:
+                    fn(*args)
+                except Exception:
+                    logger.exception("a callback of %r raised: %r", owner, fn)
+                finally:
+                    with self._cond:
+                        lane.running = None
+                        self._cond.notify_all()
+                del owner, fn, args
+        finally:
+            close_connections()
+
+
+def dispatch(owner: Any, fn: Callable[..., Any], *args: Any) -> None:
+    """Call a user's ``fn(*args)``: on a callback thread when the keeper is the caller (it
+    must not wait for user code), else at once in the calling thread (a ``check()`` that
+    finds a lease lost calls ``on_lost`` before it raises). An exception is logged."""
+    current = keeper()
+    if current.on_keeper_thread():
+        current.callbacks.call(owner, fn, *args)
+        return
+    try:
+        fn(*args)
+    except Exception:
+        logger.exception("a callback of %r raised: %r", owner, fn)
+
+
+#: This process's keeper (a forked child gets its own, keeping nothing its parent kept).
+keeper = PerProcess(Keeper)
+
+__all__ = ["CALLBACK_THREADS", "IDLE_EXIT", "OVERRUN", "Callbacks", "Keeper", "dispatch", "keeper", "start_thread"]

@@ -1,0 +1,447 @@
+"""The line of waiters: callers that wait for a grant are served in order, woken at release.
+
+Whoever waits (``acquire(timeout=...)``, ``lock``, ``semaphore``, ``ResourceHolder.acquire``,
+``Election.campaign``) waits the way ZooKeeper's lock recipe serves its waiters, on rows of
+the database (``models.Waiter``):
+
+1. It first asks like anyone (a newcomer): a row is granted only if no live waiter of its
+   line could take it (``statements.LINE_CLEAR``). So ``timeout=0`` never takes what someone
+   waits for, and a holder that releases and asks again at once goes behind the waiters.
+2. Otherwise it takes a place at the back of the line (``ENTER_LINE``): a row of its own,
+   leased like any grant (the process's background renewal keeps it; a waiter that dies, or
+   is paused past its ttl, drops out of the line by itself), and ordered by priority, then by
+   id. Its grants now pass only rows that no live waiter *ahead* of it could take: the
+   longest waiting (highest priority first) whose ``where`` a freed row matches gets it. One
+   conditional statement still decides every race.
+3. It learns of its turn promptly. A release in this process wakes its waiters at once; on
+   PostgreSQL the release's own statement NOTIFYs the line (``db/listen.py``: one LISTEN
+   connection per process); elsewhere the first waiter looks at its line (``Dialect.look``,
+   one indexed read) every ``LINE_POLL`` seconds and those behind it less often. Every waiter
+   also looks at least every ``LINE_POLL_MAX`` and at the moment the first held row of its
+   line expires (a holder that died), so a missed wake-up costs time, never the turn.
+4. When it is served, gives up (timeout) or is cancelled, it leaves the line at once
+   (``LEAVE_LINE``); if it cannot (the database is down), its place expires after its ttl.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from resource_lease import metrics, renewal
+from resource_lease.conf import lease_settings
+from resource_lease.db.line import NEWCOMER, Look, Turn
+from resource_lease.db.line import Place as WaitingPlace
+from resource_lease.db.operations import ops
+from resource_lease.exceptions import LeaseDatabaseError, LeaseLost
+from resource_lease.wakeups import Waker, board, listen, pushed, unlisten
+
+logger = logging.getLogger("resource_lease")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Line:
+    """A line of waiters: any row of ``kind`` (``name`` ''), or the one row ``(kind, name)``."""
+
+    alias: str
+    kind: str
+    name: str = ""
+    #: Whether its waiters mark the line's rows (``Resource.line_until``, docs/waiting.md#marks)
+    #: so that a newcomer's first try may skip the line's subquery: the lines whose grants
+    #: have such a form. An rwlock's grants always check its line (``RW_READ``, ``RW_WRITE``).
+    marked: bool = True
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.name}" if self.name else self.kind
+
+
+class Stats:
+    """What this process's waiters did (benchmarks: what a waiter costs the database)."""
+
+    def __init__(self) -> None:
+        self.entered = 0  # places taken
+        self.looks = 0  # looks at a line (one read each)
+        self.attempts = 0  # grant statements run while in line (the first attempt excluded)
+        self.wakes = 0  # wake-ups received (in-process or NOTIFY)
+        self.renewals = 0  # places renewed
+        self.at_once = 0  # granted at the first attempt, without taking a place
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(vars(self))
+
+
+#: Counters of this process's waiting (plain ints: a lost increment between threads is fine).
+stats = Stats()
+
+
+class Place:
+    """A waiter's place in line, leased like a grant: the process's background renewal keeps
+    it (``renewal.Renewer``) until the waiter leaves; a renewal that finds it expired (the
+    waiter was paused past its ttl) marks it lost, and the waiter takes a new place at the back."""
+
+    def __init__(
+        self, line: Line, place: int, *, priority: int, where: str | None, ttl: float, sent_at: float, waker: Waker
+    ) -> None:
+        self.line = line
+        self.id = place
+        self.where = where
+        self.priority = priority
+        self.ttl = ttl
+        self.turn = Turn(place, priority)
+        self.lost = False
+        self._waker = waker
+        self._deadline = sent_at + ttl
+        self._marked_at = sent_at  # taking the place marked the line's rows (if it is marked)
+
+    def __repr__(self) -> str:
+        return f"<Place {self.id} in line {self.line}{' lost' if self.lost else ''}>"
+
+    #: A mark lasts at least 1.5 ttl from when it is written (MARK_LINE) and a renewal keeps the
+    #: place one ttl from then: a renewal marks again once 0.4 ttl have passed since this
+    #: place's last mark (every other renewal at the default RENEW_FRACTION), so the mark it
+    #: wrote always outlasts the place.
+    MARK_AGAIN = 0.4
+
+    def renew(self) -> None:
+        sent_at = time.monotonic()
+        line = self.line
+        mark = line.marked and sent_at - self._marked_at >= self.MARK_AGAIN * self.ttl
+        kept = ops(line.alias).renew_place(
+            self.id, kind=line.kind, name=line.name, where=self.where, ttl=self.ttl, mark=mark
+        )
+        stats.renewals += 1
+        if not kept:
+            self.mark_lost("the place expired before its renewal (the waiter was paused past its ttl)")
+            raise LeaseLost(f"{self!r} expired")
+        self._deadline = sent_at + self.ttl
+        if mark:
+            self._marked_at = sent_at
+
+    def remaining(self) -> float:
+        return max(0.0, self._deadline - time.monotonic())
+
+    def mark_lost(self, reason: str) -> None:
+        if not self.lost:
+            self.lost = True
+            logger.info("%r lost: %s; taking a place at the back", self, reason)
+            self._waker.wake()
+
+    def renew_in_background(self) -> float | None:
+        interval = self.ttl * float(lease_settings.RENEW_FRACTION)
+        step = renewal.renew_once(self, interval=interval)
+        return interval if step.renewed else step.retry_in
+
+
+def _enter(
+    line: Line, *, holder: str, priority: int, where: str | None, ttl: float, waker: Waker, shared: bool = False
+) -> Place:
+    """Take a place at the back of ``line`` (``shared``: as a reader of an rwlock); its
+    renewal starts at once."""
+    _purge_now_and_then(line)
+    sent_at = time.monotonic()
+    place = ops(line.alias).enter_line(
+        line.kind, line.name, holder=holder, priority=priority, where=where, ttl=ttl, shared=shared, mark=line.marked
+    )
+    stats.entered += 1
+    entered = Place(line, place, priority=priority, where=where, ttl=ttl, sent_at=sent_at, waker=waker)
+    renewal.renewer().add(entered)
+    return entered
+
+
+#: Seconds between two purges of a line's expired places by this process.
+PURGE_EVERY = 10.0
+_purged: dict[Line, float] = {}
+
+
+def _purge_now_and_then(line: Line) -> None:
+    """Drop the line's expired places (dead or paused waiters), at most every PURGE_EVERY
+    seconds per line and process: they never count, so this only keeps the table small."""
+    now = time.monotonic()
+    if now - _purged.get(line, -PURGE_EVERY) < PURGE_EVERY:
+        return
+    _purged[line] = now
+    ops(line.alias).purge_line(line.kind, line.name)
+
+
+def _leave(place: Place) -> None:
+    """Leave the line now; if the database cannot be told, the place expires after its ttl."""
+    renewal.renewer().discard(place)
+    try:
+        ops(place.line.alias).leave_line(place.id)
+    except LeaseDatabaseError as exc:
+        logger.warning("could not leave line %s (the place expires after its ttl): %s", place.line, exc)
+
+
+def _look(place: Place, where: str | None, shared: bool = False) -> Look:
+    stats.looks += 1
+    return ops(place.line.alias).look(place.line.kind, place.line.name, turn=place.turn, where=where, shared=shared)
+
+
+def waiters(line: Line, limit: int = 10) -> list[WaitingPlace]:
+    """The first ``limit`` live places of ``line``, in the order they will be served."""
+    return ops(line.alias).line_waiters(line.kind, line.name, limit=limit)
+
+
+def _interval(look: Look, pushed: bool) -> float:
+    """Seconds until a waiter looks at its line again (see the module's docstring)."""
+    longest = float(lease_settings.LINE_POLL_MAX)
+    # A NOTIFY comes with a release only: rows already free (their holder's lease ran out) are
+    # looked at as where nothing is pushed, or a waiter whose turn came because those ahead
+    # gave up would sleep LINE_POLL_MAX, and waiters whose timeouts are shorter than that
+    # would give up in turn, none ever served (found by tests/test_partitions.py's flapping
+    # link on PostgreSQL).
+    relies_on_push = pushed and look.free == 0
+    pause = longest if relies_on_push else min(longest, float(lease_settings.LINE_POLL) * (1 + look.ahead))
+    if look.ahead == 0 and look.next_free_at is not None:
+        # First in line behind a holder: look again when its lease runs out, in case it died.
+        until = (look.next_free_at - look.now).total_seconds()
+        pause = min(pause, max(until, 0.0) + float(lease_settings.LINE_POLL))
+    return pause
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """Step: run the caller's grant statement with this turn; send back its result."""
+
+    turn: Turn
+
+
+@dataclass(frozen=True)
+class Call:
+    """Step: run this database call (a place taken, a look, ...); send back its result."""
+
+    run: Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Step: wait up to ``seconds`` for a wake-up; send back how many came."""
+
+    seconds: float
+
+
+Step = Attempt | Call | Pause
+
+
+class Waiting:
+    """One caller's wait in a line: what to do next (``steps``), apart from how statements run
+    and pauses pass, so that the same decisions serve threads (``wait_in_line``) and asyncio
+    (``resource_lease.aio``). ``cleanup()`` (a database call) must follow, however it ended."""
+
+    def __init__(
+        self,
+        line: Line,
+        *,
+        timeout: float | None,
+        holder: str,
+        ttl: float,
+        priority: int,
+        where: str | None,
+        waker: Waker,
+        shared: bool = False,
+    ) -> None:
+        self.line = line
+        self.shared = shared
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.holder = holder
+        self.ttl = ttl
+        self.priority = priority
+        self.where = where
+        self.waker = waker
+        self.place: Place | None = None
+        self._listening = False
+
+    def _enter(self) -> Place:
+        return _enter(
+            self.line,
+            holder=self.holder,
+            priority=self.priority,
+            where=self.where,
+            ttl=self.ttl,
+            waker=self.waker,
+            shared=self.shared,
+        )
+
+    def _reenter(self) -> Place:
+        assert self.place is not None
+        _leave(self.place)
+        return self._enter()
+
+    def _look(self) -> Look:
+        assert self.place is not None
+        return _look(self.place, self.where, self.shared)
+
+    def _listen(self) -> None:
+        self._listening = True
+        board().add((self.line.alias, self.line.kind, self.line.name), self.waker)
+        listen(self.line.alias)
+
+    def steps(self) -> Generator[Step, Any, Any]:
+        """The wait, step by step (see the module's docstring); returns the grant or None."""
+        result = yield Attempt(NEWCOMER)
+        if result is not None or self.timeout == 0:
+            if result is not None:
+                stats.at_once += 1
+            return result
+        yield Call(self._listen)
+        place = self.place = yield Call(self._enter)
+        estimate = 0  # places ahead of ours, as last seen, less the wake-ups since
+        look_at = 0.0  # look at once: the first attempt failed a moment ago
+        try_now = False
+        while True:
+            if place.lost:
+                place = self.place = yield Call(self._reenter)
+                look_at = 0.0
+            if try_now:
+                try_now = False
+                stats.attempts += 1
+                result = yield Attempt(place.turn)
+                if result is not None:
+                    return result
+            now = time.monotonic()
+            if self.deadline is not None and now >= self.deadline:
+                return None
+            if now >= look_at:
+                look: Look = yield Call(self._look)
+                if not look.live:
+                    place.mark_lost("the place had expired when its waiter looked (paused past its ttl?)")
+                    continue
+                estimate = look.ahead
+                look_at = now + _interval(look, pushed(self.line.alias))
+                if look.free > look.ahead - look.filtered:
+                    # A row this waiter may take is free, unless waiters ahead take it first
+                    # (those with a where= of their own may not want it): try, the statement
+                    # decides.
+                    try_now = True
+                    continue
+            until = look_at if self.deadline is None else min(look_at, self.deadline)
+            woken = yield Pause(until - now)
+            if woken:
+                stats.wakes += woken
+                estimate -= woken
+                if estimate <= 0:
+                    # Perhaps our turn: try, and if it was not, look at once.
+                    try_now, look_at = True, 0.0
+
+    def cleanup(self) -> None:
+        """Leave the line, stop listening (a database call: run it however the wait ended)."""
+        if self._listening:
+            board().remove((self.line.alias, self.line.kind, self.line.name), self.waker)
+            unlisten(self.line.alias)
+        if self.place is not None:
+            _leave(self.place)
+            self.place = None
+
+
+def wait_in_line(
+    line: Line,
+    attempt: Callable[[Turn], T | None],
+    *,
+    timeout: float | None,
+    holder: str,
+    ttl: float,
+    priority: int = 0,
+    where: str | None = None,
+    waker: Waker | None = None,
+    shared: bool = False,
+) -> T | None:
+    """Call ``attempt(turn)`` until it grants (returns something other than None) or
+    ``timeout`` seconds (None: for ever; 0: one attempt as a newcomer) have passed; then None.
+
+    ``attempt`` runs the grant statement with the caller's ``turn`` in ``line`` (a newcomer
+    first, then its place). ``where`` is the caller's filter as the dialect encoded it
+    (``Dialect.encode_where``), for its looks. ``waker``: pass one to be able to interrupt the
+    wait (``waker.wake()``; the next ``attempt`` then raises). ``shared``: the caller is a
+    reader of an rwlock (its place lets readers behind it be served with it; only writers
+    ahead of it count). Exceptions propagate at once, and the place is left on the way out.
+    """
+    waiting = Waiting(
+        line,
+        timeout=timeout,
+        holder=holder,
+        ttl=ttl,
+        priority=priority,
+        where=where,
+        waker=Waker() if waker is None else waker,
+        shared=shared,
+    )
+    steps = waiting.steps()
+    try:
+        step = next(steps)
+        while True:
+            if isinstance(step, Attempt):
+                value: Any = attempt(step.turn)
+            elif isinstance(step, Call):
+                value = step.run()
+            else:
+                value = waiting.waker.wait(step.seconds)
+            step = steps.send(value)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    finally:
+        steps.close()
+        waiting.cleanup()
+
+
+@dataclass
+class Wait(Generic[T]):
+    """A checked call that waits in a line for a grant: ``acquire()``, ``lock()``,
+    ``semaphore()`` build one (``lease.acquiring``, ``recipes.locks.locking``, ...) and ``run()``
+    it; ``resource_lease.aio`` awaits the same one without blocking the event loop.
+
+    ``attempt(turn)`` is one grant statement with the caller's turn; ``conclude(grant)``
+    turns the outcome of the wait (a grant, or None when the timeout ran out) into the
+    answer: announce and renew a grant, or raise the refusal (it may read the database, and
+    try once more if what it would name was let go meanwhile)."""
+
+    line: Line
+    attempt: Callable[[Turn], T | None]
+    conclude: Callable[[T | None], T]
+    timeout: float | None
+    holder: str
+    ttl: float
+    priority: int = 0
+    where: str | None = None
+    #: A reader of an rwlock (``wait_in_line``'s ``shared``).
+    shared: bool = False
+
+    def run(self, waker: Waker | None = None) -> T:
+        """Wait in this thread; the answer of ``conclude``. The wait is measured
+        (``metrics.waiting``: its time and outcome, and the grant's ``waited``)."""
+        with metrics.waiting(self.line.kind, using=self.line.alias, holder=self.holder) as measured:
+            grant = wait_in_line(
+                self.line,
+                self.attempt,
+                timeout=self.timeout,
+                holder=self.holder,
+                ttl=self.ttl,
+                priority=self.priority,
+                where=self.where,
+                waker=waker,
+                shared=self.shared,
+            )
+            return self.finish(grant, measured)
+
+    def finish(self, grant: T | None, measured: metrics.Wait) -> T:
+        """``conclude`` the wait, the grant's time recorded before it is announced."""
+        if grant is not None:
+            measured.granted(grant)  # type: ignore[arg-type]
+        answer = self.conclude(grant)
+        if answer is not grant:
+            measured.granted(answer)  # type: ignore[arg-type]  # a late attempt's grant
+        return answer
+
+
+def _after_fork_in_child() -> None:
+    # The parent's waits are not the child's.
+    _purged.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

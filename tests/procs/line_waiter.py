@@ -1,0 +1,132 @@
+"""A caller that waits in line, for the line-of-waiters tests (tests/test_line*.py).
+
+    python -m tests.procs.line_waiter --what lock:NAME|pool:KIND|semaphore:NAME:SLOTS
+        [--once [--timeout T] | --seconds S] [--hold H] [--ttl T] [--priority P] [--where JSON] [--broken]
+
+Prints one JSON object per line: ``{"event": "ready"}`` once connected, ``entered`` (id, at)
+for each place in line it takes and has noted; with ``--once``, one
+wait for a grant, then ``granted`` (after holding ``--hold`` seconds it releases and exits), or ``refused`` if
+``--timeout`` passed first;
+with ``--seconds``, ask, hold, release and ask again at once until the time is up, then one
+``history`` event listing every acquisition. Each acquisition records, on this machine's
+monotonic clock (the same for every process): when the call started, the places in line it
+took (id and when the insert had returned), when it was granted and released, the fence and
+the database clock of the grant (``acquired_at``), so tests/line_checks.py can tell whether a
+caller was overtaken.
+
+``--broken``: the negative control. The grant statements ignore the line (LINE_CLEAR always
+true, its parameters still consumed, and a newcomer's first try blind to the waiters' marks:
+UNMARKED always true), as the engine did before there was one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from tests.procs import setup
+
+#: LINE_CLEAR without its condition: the six parameters are still there, the line is not.
+BROKEN_LINE_CLEAR = "(" + " OR ".join(["CAST({p} AS CHAR) IS NOT NULL"] * 6) + " OR {true} = {true})"
+
+
+def emit(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+def break_the_line() -> None:
+    from resource_lease.db.mysql import MySQLDialect
+    from resource_lease.db.postgresql import PostgreSQLDialect
+    from resource_lease.db.sqlite import SQLiteDialect
+
+    for cls in (MySQLDialect, PostgreSQLDialect, SQLiteDialect):
+        cls.templates = {**cls.templates, "LINE_CLEAR": BROKEN_LINE_CLEAR, "UNMARKED": "{true} = {true}"}
+
+
+def record_places(places: list[dict[str, Any]]) -> None:
+    """Note every place this process takes (its id, and when the insert returned)."""
+    from resource_lease import line
+
+    enter = line._enter
+
+    def entering(*args: Any, **kwargs: Any) -> Any:
+        place = enter(*args, **kwargs)
+        places.append({"id": place.id, "at": time.monotonic()})
+        emit("entered", **places[-1])
+        return place
+
+    line._enter = entering  # type: ignore[assignment]
+
+
+def take(what: str, args: argparse.Namespace) -> Any:
+    from resource_lease import acquire, lock, semaphore
+
+    family, _, rest = what.partition(":")
+    common = {"ttl": args.ttl, "timeout": args.timeout, "priority": args.priority}
+    if family == "lock":
+        return lock(rest, auto_renew=True, **common)
+    if family == "semaphore":
+        name, _, slots = rest.rpartition(":")
+        return semaphore(name, int(slots), auto_renew=True, **common)
+    where = None if args.where is None else json.loads(args.where)
+    return acquire(rest, auto_renew=True, where=where, **common)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--what", required=True)
+    parser.add_argument("--once", action="store_true")
+    parser.add_argument("--seconds", type=float, default=0.0)
+    parser.add_argument("--hold", type=float, default=0.0)
+    parser.add_argument("--ttl", type=float, default=30.0)
+    parser.add_argument("--priority", type=int, default=0)
+    parser.add_argument("--broken", action="store_true")
+    parser.add_argument("--where", help="a JSON object: acquire(where=...)")
+    parser.add_argument("--timeout", type=float, help="with --once: give up after this (default: wait)")
+    args = parser.parse_args()
+    setup()
+    if args.broken:
+        break_the_line()
+    from resource_lease import LockHeld, NoResourceAvailable
+    from resource_lease.db.connections import lease_connection
+
+    lease_connection("default").cursor().close()
+    places: list[dict[str, Any]] = []
+    record_places(places)
+    emit("ready")
+    history = []
+    stop = time.monotonic() + args.seconds
+    while True:
+        asked = time.monotonic()
+        places.clear()
+        try:
+            lease = take(args.what, args)
+        except (NoResourceAvailable, LockHeld):
+            emit("refused", asked=asked, places=list(places))
+            return
+        granted = time.monotonic()
+        entry = {
+            "asked": asked,
+            "places": list(places),
+            "granted": granted,
+            "fence": lease.fence,
+            "row": lease.resource.pk,
+            "acquired_at": lease.resource.acquired_at.timestamp(),
+            "priority": args.priority,
+        }
+        if args.once:
+            emit("granted", **entry)
+        time.sleep(args.hold)
+        entry["released"] = time.monotonic()
+        lease.release()
+        history.append(entry)
+        if args.once or time.monotonic() >= stop:
+            break
+    if not args.once:
+        emit("history", acquisitions=history)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""The layout docs/architecture.md promises: no import cycle inside the app, no class over 300
+lines, and threads started in four places only (the keeper, the audit writer, the LISTEN
+thread, the SIGTERM hand-off; ``ResourceHolder`` is a Thread itself)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+APP = Path(__file__).resolve().parent.parent / "resource_lease"
+MAX_CLASS_LINES = 300
+THREAD_SITES = {"keeper.py", "audit.py", "db/listen.py", "holder/registry.py"}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in APP.rglob("*.py"):
+        if "migrations" in path.parts:
+            continue
+        parts = path.relative_to(APP.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def _top_level_imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The app's modules ``path`` imports when it is imported (not inside functions, nor under
+    ``if TYPE_CHECKING``)."""
+    imported: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        imported.update(name for name in names if name in modules)
+    return imported
+
+
+def import_cycles(modules: dict[str, Path]) -> list[list[str]]:
+    graph = {name: _top_level_imports(path, modules) - {name} for name, path in modules.items()}
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(name: str) -> None:
+        state[name] = 1
+        stack.append(name)
+        for other in sorted(graph[name]):
+            # A package's __init__ importing its own modules is how packages work.
+            if name != other and other.startswith(name + "."):
+                continue
+            if state.get(other) == 1:
+                cycles.append(stack[stack.index(other) :] + [other])
+            elif other not in state:
+                visit(other)
+        stack.pop()
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+    return cycles
+
+
+def test_the_app_has_no_import_cycle() -> None:
+    assert import_cycles(_modules()) == []
+
+
+def test_negative_control_a_cycle_is_found(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("import b\n")
+    (tmp_path / "b.py").write_text("from a import x\n")
+    modules = {"a": tmp_path / "a.py", "b": tmp_path / "b.py"}
+    assert import_cycles(modules) == [["a", "b", "a"]]
+
+
+def long_classes(paths: list[Path]) -> list[str]:
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_CLASS_LINES:
+                    found.append(f"{path.name}:{node.lineno} {node.name} ({lines} lines)")
+    return found
+
+
+def test_no_class_is_over_300_lines(tmp_path: Path) -> None:
+    assert long_classes(list(_modules().values())) == []
+    long = tmp_path / "long.py"
+    long.write_text("class Long:\n" + "    x = 1\n" * MAX_CLASS_LINES)
+    assert long_classes([long]) == [f"long.py:1 Long ({MAX_CLASS_LINES + 1} lines)"]  # negative control
+
+
+def test_threads_are_started_in_four_places_only() -> None:
+    sites = {}
+    for path in APP.rglob("*.py"):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"\bThread\(", line) and not line.lstrip().startswith("#"):
+                sites[f"{path.relative_to(APP)}:{number}"] = line.strip()
+    assert {site.rsplit(":", 1)[0] for site in sites} == THREAD_SITES, sites
+    assert len(sites) == len(THREAD_SITES), sites

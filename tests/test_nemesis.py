@@ -1,0 +1,81 @@
+"""The nemesis runner's short mode (docs/jepsen.md): every primitive used by four processes
+while the nemesis SIGKILLs and SIGSTOPs them, ends their sessions, moves their wall clocks
+(and, on one primitive, restarts the server unless RESOURCE_LEASE_FAULTS_NO_RESTART is set);
+the checker finds no violation. Its negative controls: broken variants of the primitives
+(tests/procs/nemesis_broken.py) run through the same runner and checker, which must report
+them.
+
+The long mode is ``manage.py nemesis --seconds N``; its figures are in docs/jepsen.md.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from project.bench.nemesis.runner import PRIMITIVES, Plan, Report, run
+from project.bench.targets import url_from_alias
+from tests.short_mode import once_across_backends
+
+pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
+
+#: The primitive whose short run may restart the server (once): one restart per backend.
+RESTARTS_ON = "lock"
+
+
+def _run(plan: Plan) -> Report:
+    report = run(plan, alias="default", url=url_from_alias("default"))
+    print(report.line())  # the figures, in the test's output
+    return report
+
+
+@pytest.mark.parametrize("primitive", PRIMITIVES)
+def test_no_violation_under_the_nemesis(primitive: str) -> None:
+    # A restart takes the server away for a second or more (longer on a loaded machine): the
+    # run that may restart it gets the time for every other kind of fault too.
+    # (The first restart comes restart_every seconds into the run, after the other kinds.)
+    seconds = 8.0 if primitive == RESTARTS_ON else 4.0
+    plan = Plan(primitive, seconds=seconds, processes=4, ttl=1.0, heal=3.0, interval=0.3, restart_every=5.0)
+    if primitive != RESTARTS_ON:
+        plan.faults = tuple(f for f in plan.faults if f != "restart")
+    report = _run(plan)
+    assert report.violations == 0, (report.by_kind, report.examples, report.directory)
+    # (A barrier round needs three members at once: on a loaded machine, a few rounds.)
+    enough = 3 if primitive == "barrier" else 10
+    assert report.grants >= enough, f"too few grants for the check to mean anything: {report.line()}"
+    # Each kind comes once before any comes again: a short run sees every one it can inject.
+    expected = {"kill", "stop"} | ({"cut", "skew"} - set(report.not_injected))
+    assert expected <= set(report.faults), (report.faults, report.not_injected)
+    if connection.vendor != "sqlite":
+        assert {"cut", "skew"} <= set(report.faults), (report.faults, report.not_injected)
+
+
+@pytest.mark.parametrize(
+    ("primitive", "caught"),
+    [
+        ("lock", "overlap"),
+        ("election", "overlap"),
+        ("group", "overlap"),
+        ("barrier", "barrier_round"),
+        ("dispenser", "done_twice"),
+    ],
+)
+def test_negative_control_broken_primitives_are_caught(primitive: str, caught: str) -> None:
+    once_across_backends("A negative control of the nemesis's checker")
+    # One lock, one election; one barrier of 2 for all four (two cohorts could be inside at
+    # once); work long enough (0.1 s a unit) for the broken barrier's rounds to meet.
+    plan = Plan(
+        primitive,
+        seconds=2.0,
+        processes=4,
+        ttl=1.0,
+        hold=0.1,
+        heal=0.5,
+        settle=0.0,
+        faults=("stop",),
+        objects=1,
+        size=2,
+        patch="tests.procs.nemesis_broken",
+    )
+    report = _run(plan)
+    assert report.by_kind.get(caught), f"the broken {primitive} was not caught: {report.line()}"
