@@ -34,6 +34,7 @@ from typing import Any, Generic, TypeVar
 
 from resource_lease import metrics, renewal
 from resource_lease.conf import lease_settings
+from resource_lease.db.connections import LockWaitTimeout
 from resource_lease.db.line import NEWCOMER, Look, Turn
 from resource_lease.db.line import Place as WaitingPlace
 from resource_lease.db.operations import ops
@@ -71,6 +72,7 @@ class Stats:
         self.wakes = 0  # wake-ups received (in-process or NOTIFY)
         self.renewals = 0  # places renewed
         self.at_once = 0  # granted at the first attempt, without taking a place
+        self.enter_lock_waits = 0  # places not taken: the statement waited out the lock wait timeout
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -153,6 +155,9 @@ def _enter(
     renewal.renewer().add(entered)
     return entered
 
+
+#: Seconds before a waiter tries again to take a place after a lock wait timeout.
+ENTER_RETRY = 0.05
 
 #: Seconds between two purges of a line's expired places by this process.
 PURGE_EVERY = 10.0
@@ -258,21 +263,46 @@ class Waiting:
         self.place: Place | None = None
         self._listening = False
 
-    def _enter(self) -> Place:
-        return _enter(
-            self.line,
-            holder=self.holder,
-            priority=self.priority,
-            where=self.where,
-            ttl=self.ttl,
-            waker=self.waker,
-            shared=self.shared,
-        )
+    def _enter(self) -> Place | None:
+        """A place at the back of the line, or None if taking it waited out the bounded lock
+        wait (rolled back, nothing written): like a grant that did, the caller's own timeout
+        decides whether to try again (``_take_place``)."""
+        try:
+            return _enter(
+                self.line,
+                holder=self.holder,
+                priority=self.priority,
+                where=self.where,
+                ttl=self.ttl,
+                waker=self.waker,
+                shared=self.shared,
+            )
+        except LockWaitTimeout as exc:
+            stats.enter_lock_waits += 1
+            logger.warning(
+                "taking a place in line %s waited out the lock wait timeout; trying again: %s", self.line, exc
+            )
+            return None
 
-    def _reenter(self) -> Place:
+    def _reenter(self) -> Place | None:
         assert self.place is not None
         _leave(self.place)
+        self.place = None
         return self._enter()
+
+    def _take_place(self, reenter: bool = False) -> Generator[Step, Any, Place | None]:
+        """Take a place (leave the lost one first if ``reenter``), trying again after a lock
+        wait timeout until the deadline; None once the deadline has passed."""
+        place = yield Call(self._reenter if reenter else self._enter)
+        while place is None:
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                return None
+            yield Pause(
+                ENTER_RETRY if self.deadline is None else max(0.0, min(ENTER_RETRY, self.deadline - time.monotonic()))
+            )
+            place = yield Call(self._enter)
+        self.place = place
+        return place
 
     def _look(self) -> Look:
         assert self.place is not None
@@ -291,13 +321,17 @@ class Waiting:
                 stats.at_once += 1
             return result
         yield Call(self._listen)
-        place = self.place = yield Call(self._enter)
+        place = yield from self._take_place()
+        if place is None:
+            return None
         estimate = 0  # places ahead of ours, as last seen, less the wake-ups since
         look_at = 0.0  # look at once: the first attempt failed a moment ago
         try_now = False
         while True:
             if place.lost:
-                place = self.place = yield Call(self._reenter)
+                place = yield from self._take_place(reenter=True)
+                if place is None:
+                    return None
                 look_at = 0.0
             if try_now:
                 try_now = False

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from io import StringIO
 from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.db import connection, transaction
 from django.test import Client, override_settings
 
 from resource_lease import acquire, line, lock
@@ -91,6 +93,34 @@ def test_a_release_in_this_process_wakes_its_waiters_at_once(
     assert got.resource.pk == held.resource.pk
     assert line.stats.looks - looks <= 2  # its first look, and none of the minute-apart ones
     got.release()
+
+
+def test_a_place_that_waits_out_the_lock_wait_is_taken_again_rather_than_raised(
+    make_pool: Callable[..., Any], asking: Callable[..., Asking]
+) -> None:
+    """Regression (CI, a Galera node under load): taking a place in line (its MARK_LINE
+    updates the kind's rows) waited out LOCK_WAIT_TIMEOUT behind another transaction's row
+    lock, and acquire() raised LockWaitTimeout while its own timeout had 15 s to go. Like a
+    grant that waits it out (rolled back, nothing written), the place is tried again until the
+    caller's timeout decides."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no row locks: an open write transaction holds up every statement")
+    (row,) = make_pool("line-lock-wait", 1)
+    with override_settings(RESOURCE_LEASE={"LOCK_WAIT_TIMEOUT": 1, "TRANSIENT_RETRIES": 0}):
+        close_connections()  # new engine sessions pick up the short lock wait
+        held = acquire("line-lock-wait", ttl=30)
+        waits = line.stats.enter_lock_waits
+        with transaction.atomic():
+            Resource.objects.select_for_update().filter(pk=row.pk).get()
+            waiter = asking(lambda: acquire("line-lock-wait", ttl=30, timeout=20))
+            time.sleep(2.5)  # its place waits out the 1 s lock wait twice meanwhile
+            assert waiter.is_alive(), f"the waiter gave up while the row was locked: {waiter.error!r}"
+        assert held.release()
+        got: Lease = waiter.outcome()
+        assert got.resource.pk == row.pk
+        assert line.stats.enter_lock_waits - waits >= 1, "the place never waited for the row lock"
+        got.release()
+        close_connections()
 
 
 def test_a_waiter_that_gives_up_leaves_the_line_at_once(make_pool: Callable[..., Any]) -> None:
