@@ -7,6 +7,8 @@ from typing import ClassVar
 from django.db import models
 from django.db.models import Q
 
+from resource_lease.db.json_text import ExactEncoder
+
 
 class DispenserItem(models.Model):
     """One work item of a dispenser (``resource_lease.Dispenser``): a key, its JSON payload
@@ -27,7 +29,7 @@ class DispenserItem(models.Model):
     dispenser = models.CharField(max_length=200, help_text="The dispenser (pool of work) this item belongs to.")
     # "key" is a reserved word in MySQL: the column has another name.
     key = models.CharField(max_length=255, db_column="item_key", help_text="Unique within its dispenser.")
-    payload = models.JSONField(null=True, blank=True)
+    payload = models.JSONField(null=True, blank=True, encoder=ExactEncoder)
     state = models.CharField(max_length=10, choices=STATES, default=PENDING)
     worker = models.CharField(
         max_length=200, blank=True, default="", help_text="The worker that holds (or last held) the item."
@@ -40,7 +42,7 @@ class DispenserItem(models.Model):
         max_length=32, blank=True, default="", help_text="Random key of the assign that made the current claim."
     )
     attempts = models.IntegerField(default=0, help_text="Claims made since the item was last queued afresh.")
-    result = models.JSONField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True, encoder=ExactEncoder)
     error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     claimed_at = models.DateTimeField(null=True, blank=True)

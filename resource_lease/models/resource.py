@@ -10,6 +10,7 @@ from django.db import models
 from django.db.models import Case, CharField, DurationField, ExpressionWrapper, F, Q, Value, When
 
 from resource_lease.db import DbNow
+from resource_lease.db.json_text import ExactEncoder
 
 #: ``busy_before`` of a resource that was never leased: long past, so it is free.
 NEVER = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -128,7 +129,9 @@ class Resource(models.Model):
     # semaphore's name (up to 200 characters) in the kind, behind a reserved prefix.
     kind = models.CharField(max_length=255, help_text="The pool this resource belongs to.")
     name = models.CharField(max_length=255, help_text="Unique within its kind.")
-    data = models.JSONField(default=dict, blank=True, help_text="What the resource is (e.g. a proxy URL).")
+    data = models.JSONField(
+        default=dict, blank=True, encoder=ExactEncoder, help_text="What the resource is (e.g. a proxy URL)."
+    )
     enabled = models.BooleanField(default=True, help_text="A disabled resource is never granted.")
 
     busy_before = models.DateTimeField(

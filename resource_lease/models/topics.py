@@ -8,6 +8,8 @@ from typing import ClassVar
 from django.db import models
 from django.db.models import Q
 
+from resource_lease.db.json_text import ExactEncoder
+
 
 class Topic(models.Model):
     """A notification topic (``notify``/``watch``): its version and the last payload sent.
@@ -18,7 +20,9 @@ class Topic(models.Model):
 
     name = models.CharField(max_length=200, unique=True)
     version = models.BigIntegerField(default=0, help_text="Raised by one on every notification; never goes down.")
-    payload = models.JSONField(null=True, blank=True, help_text="The last notification's payload.")
+    payload = models.JSONField(
+        null=True, blank=True, encoder=ExactEncoder, help_text="The last notification's payload."
+    )
     updated_at = models.DateTimeField(help_text="When the last notification was sent (database clock).")
 
     # Made exact by migration 0008 (ExactCollation); check W010 keeps watching it.
@@ -48,8 +52,12 @@ class ConfigEntry(models.Model):
     namespace = models.CharField(max_length=200)
     key = models.CharField(max_length=200)
     type = models.CharField(max_length=10, choices=TYPES, help_text="The type of the key's default; values keep it.")
-    default = models.JSONField(null=True, blank=True, help_text="The default declared by the code.")
-    value = models.JSONField(null=True, blank=True, help_text="The stored value; empty: the default applies.")
+    default = models.JSONField(
+        null=True, blank=True, encoder=ExactEncoder, help_text="The default declared by the code."
+    )
+    value = models.JSONField(
+        null=True, blank=True, encoder=ExactEncoder, help_text="The stored value; empty: the default applies."
+    )
     version = models.BigIntegerField(default=0, help_text="Raised by one on every change of the value.")
     updated_at = models.DateTimeField(help_text="When the value (or the declaration) last changed (database clock).")
 
