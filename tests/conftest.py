@@ -22,6 +22,7 @@ from resource_lease.db.listen import hub
 from resource_lease.holder import ResourceHolder
 from resource_lease.models import Resource
 from resource_lease.wakeups import forget_subscriptions
+from tests import sharding
 from tests.holder_helpers import Holder
 
 REPO = Path(__file__).resolve().parent.parent
@@ -156,6 +157,17 @@ def audit_on(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., audit.Au
         writer.shutdown()  # its last round is stored before the test database is flushed
     for override in reversed(overrides):
         override.disable()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A shard's or a phase's share of the tests (tests/sharding.py), when scripts/test asks."""
+    shard, phase = sharding.from_environment()
+    if shard is None and phase is None:
+        return
+    kept, dropped = sharding.select(list(items), shard, phase)
+    items[:] = kept  # type: ignore[assignment]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -29,7 +29,10 @@ def _run(plan: Plan) -> Report:
     return report
 
 
-@pytest.mark.parametrize("primitive", PRIMITIVES)
+@pytest.mark.parametrize(
+    "primitive",
+    [pytest.param(p, marks=pytest.mark.restarts_server) if p == RESTARTS_ON else p for p in PRIMITIVES],
+)
 def test_no_violation_under_the_nemesis(primitive: str) -> None:
     # A restart takes the server away for a second or more (longer on a loaded machine): the
     # run that may restart it gets the time for every other kind of fault too.

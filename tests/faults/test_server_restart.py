@@ -27,7 +27,7 @@ from resource_lease.models import Resource
 from tests.faults.harness import Child, ensure_server_up, have_server_tools, restart_server
 from tests.grants import Grant, exclusion_violations
 
-pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.faults, pytest.mark.restarts_server, pytest.mark.django_db(transaction=True)]
 
 # A holder that outlives a quick restart (trusts its lease 5.4 s past a renewal) and one that
 # should not (1.35 s): each must either keep its lease or report the loss.

@@ -1,0 +1,146 @@
+"""Which tests one pytest run of ``scripts/test`` takes when a backend's suite is split in
+shards that run at the same time, each in its own database (``RESOURCE_LEASE_TEST_SHARD=k/n``),
+and which wait for a phase of their own (``RESOURCE_LEASE_TEST_PHASE``).
+
+- Files, not tests, are dealt out: a file's fixtures (a Galera cluster, a Celery worker) are
+  set up once, in one run. Files are dealt by their weight (seconds per file in the last full
+  CI run, the slowest backend's: ``shard_weights.json``; a new file counts as ``NEW_FILE``),
+  heaviest first, each to the lightest shard so far: the same deal in every run.
+- ``TOGETHER``: files that share something outside their database (the Galera test cluster's
+  ports and data directory; many client processes and their connections at once, which two
+  shards together would run past PostgreSQL's 100 connections) go to one shard, one after
+  the other.
+- Tests marked ``restarts_server`` restart the database server under test: in a sharded run
+  they would cut the other shard's connections, so they run in phase ``restarts``, after
+  every shard of phase ``main`` has finished.
+
+Without ``RESOURCE_LEASE_TEST_SHARD`` every test runs (``scripts/test -- ...``, plain pytest).
+
+    python -m tests.sharding weights var/test-logs/*.xml   # rewrite shard_weights.json from a run
+    python -m tests.sharding show 2                         # the deal, and each shard's weight
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import xml.etree.ElementTree as ET
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+WEIGHTS = Path(__file__).with_name("shard_weights.json")
+ROOT = Path(__file__).resolve().parent.parent
+#: Seconds a file missing from shard_weights.json is taken to last.
+NEW_FILE = 10.0
+TOGETHER = (
+    ("tests/test_galera.py", "tests/test_partitions.py"),
+    ("tests/test_nemesis.py", "tests/test_bench_smoke.py", "tests/test_line.py", "tests/test_rwlock_ledger.py"),
+)
+PHASES = ("main", "restarts")
+MARKER = "restarts_server"
+
+
+def weights() -> dict[str, float]:
+    return {str(k): float(v) for k, v in json.loads(WEIGHTS.read_text()).items()}
+
+
+def deal(files: Iterable[str], shards: int, known: dict[str, float] | None = None) -> dict[str, int]:
+    """Each file's shard (0 .. shards - 1): heaviest unit first, to the lightest shard."""
+    known = weights() if known is None else known
+    files = sorted(set(files))
+    units: list[tuple[str, ...]] = []
+    grouped = set()
+    for group in TOGETHER:
+        members = tuple(f for f in group if f in files)
+        if members:
+            units.append(members)
+            grouped.update(members)
+    units += [(f,) for f in files if f not in grouped]
+    units.sort(key=lambda unit: (-sum(known.get(f, NEW_FILE) for f in unit), unit))
+    load = [0.0] * shards
+    where: dict[str, int] = {}
+    for unit in units:
+        shard = min(range(shards), key=lambda s: (load[s], s))
+        load[shard] += sum(known.get(f, NEW_FILE) for f in unit)
+        for f in unit:
+            where[f] = shard
+    return where
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"k/n"`` (1 <= k <= n) as (k - 1, n); a ValueError naming the variable otherwise."""
+    try:
+        k, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise ValueError(f"RESOURCE_LEASE_TEST_SHARD must look like 1/2, got {text!r}") from None
+    if not 1 <= k <= n:
+        raise ValueError(f"RESOURCE_LEASE_TEST_SHARD must be k/n with 1 <= k <= n, got {text!r}")
+    return k - 1, n
+
+
+def relative(path: Path | str) -> str:
+    return Path(path).resolve().relative_to(ROOT).as_posix()
+
+
+def select(items: list[object], shard: str | None, phase: str | None) -> tuple[list[object], list[object]]:
+    """(kept, deselected) among pytest's ``items`` for this run's shard and phase."""
+    if phase is not None and phase not in PHASES:
+        raise ValueError(f"RESOURCE_LEASE_TEST_PHASE must be one of {', '.join(PHASES)}, got {phase!r}")
+    kept, dropped = [], []
+    where: dict[str, int] = {}
+    index = 0
+    if shard:
+        index, count = parse_shard(shard)
+        where = deal({relative(item.path) for item in items}, count)  # type: ignore[attr-defined]
+    for item in items:
+        restarts = item.get_closest_marker(MARKER) is not None  # type: ignore[attr-defined]
+        ok = True
+        if phase is not None:
+            ok = restarts == (phase == "restarts")
+        if ok and shard and phase != "restarts":
+            ok = where[relative(item.path)] == index  # type: ignore[attr-defined]
+        (kept if ok else dropped).append(item)
+    return kept, dropped
+
+
+def junit_weights(paths: Iterable[str]) -> dict[str, float]:
+    """Seconds per test file in these junit files, the largest over them (one per backend)."""
+    most: dict[str, float] = {}
+    for path in paths:
+        per: Counter[str] = Counter()
+        for case in ET.parse(path).iter("testcase"):
+            per[case.get("classname", "").replace(".", "/") + ".py"] += float(case.get("time") or 0)
+        for name, seconds in per.items():
+            most[name] = max(most.get(name, 0.0), seconds)
+    return {name: round(seconds, 1) for name, seconds in sorted(most.items())}
+
+
+def from_environment() -> tuple[str | None, str | None]:
+    """This run's (shard, phase) from the environment, checked."""
+    shard = os.environ.get("RESOURCE_LEASE_TEST_SHARD") or None
+    phase = os.environ.get("RESOURCE_LEASE_TEST_PHASE") or None
+    if shard:
+        parse_shard(shard)
+    return shard, phase
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["weights"] and len(argv) > 1:
+        WEIGHTS.write_text(json.dumps(junit_weights(argv[1:]), indent=0, sort_keys=True) + "\n")
+        return 0
+    if argv[:1] == ["show"] and len(argv) == 2:
+        known = weights()
+        files = sorted(relative(p) for p in (ROOT / "tests").rglob("test_*.py"))
+        where = deal(files, int(argv[1]), known)
+        for shard in range(int(argv[1])):
+            mine = [f for f in files if where[f] == shard]
+            print(f"shard {shard + 1}: {sum(known.get(f, NEW_FILE) for f in mine):.0f}s, {len(mine)} files")
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
