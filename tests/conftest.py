@@ -62,6 +62,7 @@ def worker_env(**extra: str) -> dict[str, str]:
     """Environment for a child process that must use the current test database."""
     env = dict(os.environ)
     env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    env["RESOURCE_LEASE_TEST_CHILD"] = "1"  # a lean child: no admin (tests/settings.py)
     env["RESOURCE_LEASE_TEST_DB_NAME"] = str(connection.settings_dict["NAME"])
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra)
