@@ -193,6 +193,13 @@ def waiters(line: Line, limit: int = 10) -> list[WaitingPlace]:
     return ops(line.alias).line_waiters(line.kind, line.name, limit=limit)
 
 
+def _short_of(look: Look) -> int:
+    """How many more rows must free up before this waiter's turn, as far as its look tells: a
+    pool's line serves as many of its first waiters at once as it has free rows (LINE_CLEAR),
+    waiters with a ``where=`` of their own aside (they may not want those rows)."""
+    return max(0, look.ahead - look.filtered - look.free)
+
+
 def _interval(look: Look, pushed: bool) -> float:
     """Seconds until a waiter looks at its line again (see the module's docstring)."""
     longest = float(lease_settings.LINE_POLL_MAX)
@@ -202,7 +209,7 @@ def _interval(look: Look, pushed: bool) -> float:
     # would give up in turn, none ever served (found by tests/test_partitions.py's flapping
     # link on PostgreSQL).
     relies_on_push = pushed and look.free == 0
-    pause = longest if relies_on_push else min(longest, float(lease_settings.LINE_POLL) * (1 + look.ahead))
+    pause = longest if relies_on_push else min(longest, float(lease_settings.LINE_POLL) * (1 + _short_of(look)))
     if look.ahead == 0 and look.next_free_at is not None:
         # First in line behind a holder: look again when its lease runs out, in case it died.
         until = (look.next_free_at - look.now).total_seconds()
@@ -324,7 +331,7 @@ class Waiting:
         place = yield from self._take_place()
         if place is None:
             return None
-        estimate = 0  # places ahead of ours, as last seen, less the wake-ups since
+        estimate = 0  # rows to free up before our turn, as last seen, less the wake-ups since
         look_at = 0.0  # look at once: the first attempt failed a moment ago
         try_now = False
         while True:
@@ -347,7 +354,7 @@ class Waiting:
                 if not look.live:
                     place.mark_lost("the place had expired when its waiter looked (paused past its ttl?)")
                     continue
-                estimate = look.ahead
+                estimate = _short_of(look)
                 look_at = now + _interval(look, pushed(self.line.alias))
                 if look.free > look.ahead - look.filtered:
                     # A row this waiter may take is free, unless waiters ahead take it first

@@ -6,10 +6,15 @@ insert had returned, so the place was committed by then) and its grant (``fence`
 database's clock of the grant, ``acquired_at``).
 
 A grant G *overtook* an acquisition J when J was already waiting in line before G's call even
-started (J's first place committed before ``G.asked``), J had at least G's priority, and J was
-granted after G. Whatever G was (a newcomer, or a waiter that entered the line after J), the
-line's rule is that J goes first: so an overtake is a violation, provided J's place stayed
-live (no kills or pauses in the scenarios this is applied to).
+started (J's first place committed before ``G.asked``), J had at least G's priority, J was
+granted after G, and the row J got was still held when G was granted (its previous holder
+had not started to release it: ``J.freed >= G.granted``). Whatever G was (a newcomer, or a
+waiter that entered the line after J), the line's rule is that J goes first: so an overtake
+is a violation, provided J's place stayed live (no kills or pauses in the scenarios this is
+applied to). For one row (a lock) the last condition always holds. In a pool the line serves
+as many of its first waiters at once as it has free rows (``statements.LINE_CLEAR``), in
+whatever order their statements reach the database: a waiter behind J that is granted one
+free row first did not take J's, if J's own row was free already.
 
 Grants are ordered by fence for one row (a lock) and by the database's clock of the grant for
 a pool (``acquired_at``: microseconds, SQLite milliseconds; fences are per row there). Two
@@ -20,7 +25,7 @@ the other.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -33,6 +38,10 @@ class Acquisition:
     priority: int
     granted: float
     released: float
+    row: int | None = None
+    #: When the row it got was last released before its grant (the previous holder's
+    #: ``released``); None: no earlier grant of that row in the histories (free from the start).
+    freed: float | None = None
 
 
 def acquisitions(histories: Mapping[str, Sequence[Mapping[str, Any]]], *, by_fence: bool) -> list[Acquisition]:
@@ -50,9 +59,14 @@ def acquisitions(histories: Mapping[str, Sequence[Mapping[str, Any]]], *, by_fen
                     priority=int(entry["priority"]),
                     granted=float(entry["granted"]),
                     released=float(entry.get("released", entry["granted"])),
+                    row=entry.get("row"),
                 )
             )
     found.sort(key=lambda a: a.order)
+    last_release: dict[int | None, float] = {}
+    for i, a in enumerate(found):
+        found[i] = replace(a, freed=last_release.get(a.row))
+        last_release[a.row] = a.released
     return found
 
 
@@ -63,9 +77,28 @@ def overtakes(grants: Sequence[Acquisition]) -> list[tuple[Acquisition, Acquisit
         for j in grants[i + 1 :]:
             if j.order[0] == g.order[0]:
                 continue  # granted at the same instant of the database's clock: no order
-            if j.worker != g.worker and j.entered is not None and j.entered < g.asked and j.priority >= g.priority:
+            if (
+                j.worker != g.worker
+                and j.entered is not None
+                and j.entered < g.asked
+                and j.priority >= g.priority
+                and j.freed is not None
+                and j.freed >= g.granted
+            ):
                 found.append((g, j))
     return found
+
+
+def describe(pairs: Sequence[tuple[Acquisition, Acquisition]]) -> str:
+    """Overtakes as an assertion message: who took what when, on the host's clock."""
+
+    def one(a: Acquisition) -> str:
+        return (
+            f"{a.worker} asked {a.asked:.4f} entered {a.entered} granted {a.granted:.4f} row {a.row}"
+            f" freed {a.freed} order {a.order}"
+        )
+
+    return "; ".join(f"[{one(g)}] overtook [{one(j)}]" for g, j in pairs)
 
 
 def worst_wait(grants: Sequence[Acquisition]) -> float:

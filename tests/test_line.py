@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -28,25 +30,35 @@ WAIT = 60.0  # seconds a step may take on a loaded machine before the test gives
 
 
 class Waiting:
-    """A line_waiter process and the JSON events it printed."""
+    """A line_waiter process and the JSON events it printed (read by a thread of its own, so
+    that ``next`` gives up on time even while the process prints nothing)."""
 
     def __init__(self, *args: str) -> None:
         self.proc = spawn("tests.procs.line_waiter", *args, stdout=subprocess.PIPE)
         self.events: list[dict[str, Any]] = []
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put("")  # the end
 
     def next(self, *events: str, timeout: float = WAIT) -> dict[str, Any]:
-        """The next event among ``events``."""
-        assert self.proc.stdout is not None
+        """The next event among ``events``; AssertionError if none comes within ``timeout``."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no {events} within {timeout}s") from None
             if not line:
                 raise AssertionError(f"the waiter ended (rc={self.proc.wait()}) before {events}: {self.events}")
             found = json.loads(line)
             self.events.append(found)
             if found["event"] in events:
                 return found
-        raise AssertionError(f"no {events} within {timeout}s")
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         os.kill(self.proc.pid, sig)
@@ -108,6 +120,46 @@ def test_waiters_are_served_in_the_order_they_asked_higher_priority_first(
     # Priority 2 first (in the order they asked), then 1, then 0.
     assert served == [1, 3, 2, 0, 4]
     assert Waiter.objects.filter(kind=kind, name=name).count() == 0  # every place left the line
+
+
+@pytest.mark.parametrize("serial", [False, True], ids=["room", "negative-control"])
+def test_a_pools_line_serves_as_many_waiters_at_once_as_it_has_free_rows(
+    serial: bool, make_pool: Callable[..., Any], waiting: Callable[..., Waiting]
+) -> None:
+    """Two rows held, three waiters in line, the first one paused (SIGSTOP: its place stays
+    live for its ttl). Both rows are given back: the second waiter is served at once, a row
+    of its own, without waiting for the first; the other free row stays the first waiter's
+    (a newcomer with ``timeout=0`` is refused it, and so is the third waiter), and the first
+    waiter takes it once resumed. The negative control (``--serial``: the line serves its
+    head only, one row at a time, as the engine did at first) leaves the second waiter
+    waiting behind the paused head."""
+    make_pool("room", 2)
+    held = [acquire("room", ttl=300), acquire("room", ttl=300)]
+    extra = ("--serial",) if serial else ()
+    first = waiting(*line_args("pool:room", "--ttl", "60", *extra))
+    wait_for_places("room", "", 1)
+    second = waiting(*line_args("pool:room", "--hold", "3", *extra))
+    wait_for_places("room", "", 2)
+    third = waiting(*line_args("pool:room", *extra))
+    wait_for_places("room", "", 3)
+    first.kill(signal.SIGSTOP)
+    try:
+        for lease in held:
+            assert lease.release()
+        if serial:
+            with pytest.raises(AssertionError, match="within"):
+                second.next("granted", timeout=3.0)
+            return
+        served = second.next("granted")
+        with pytest.raises(NoResourceAvailable):
+            acquire("room", ttl=30, timeout=0)  # the other free row is the paused waiter's
+        with pytest.raises(AssertionError, match="within"):
+            third.next("granted", timeout=1.0)  # ... and not the third's, behind it
+    finally:
+        first.kill(signal.SIGCONT)
+    resumed = first.next("granted")
+    assert resumed["row"] != served["row"]
+    assert third.next("granted")["row"] in {resumed["row"], served["row"]}  # once one is given back
 
 
 def test_a_releaser_asking_again_goes_behind_the_waiters(waiting: Callable[..., Waiting]) -> None:
@@ -180,7 +232,7 @@ def test_under_contention_nobody_is_overtaken(
         make_pool("contended", 2)
     grants = contend(family, False, waiting)
     overtaken = line_checks.overtakes(grants)
-    assert not overtaken, overtaken[:3]
+    assert not overtaken, line_checks.describe(overtaken[:3])
     assert len(line_checks.counts(grants)) == 4  # everyone was served
 
 

@@ -40,7 +40,7 @@ def test_the_conditions_are_the_rendered_fragments() -> None:
     free_by_id = dialect.free.replace("kind = ", "kind || '' = ", 1) if dialect.vendor == "postgresql" else dialect.free
     delay_over = dialect.sql["DELAY_OVER"]
     assert (
-        f"WHERE id = {dialect.placeholder} AND {free_by_id} AND {delay_over} AND NOT EXISTS"
+        f"WHERE id = {dialect.placeholder} AND {free_by_id} AND {delay_over} AND {dialect.sql['LINE_CLEAR']}"
         in dialect.sql["GRANT_BY_ID"]
     )
     # Every grant waits its turn in the row's line and the end of the row's lock delay (the

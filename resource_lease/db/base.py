@@ -102,7 +102,9 @@ class Dialect(GrantStatements):
         #: Every statement rendered once. Lease statements in four ``forms[in_line, filtered]``
         #: (LINE_CLEAR or UNMARKED; a ``where=`` or not); ``sql``: the line form, no filter.
         pieces = self.pieces()
-        checks = statements.render({name: self.templates[name] for name in ("UNMARKED", "LINE_CLEAR")}, pieces)
+        checks = statements.render(
+            {name: self.templates[name] for name in ("FREE", "DELAY_OVER", "UNMARKED", "LINE_CLEAR")}, pieces
+        )
         self.forms: dict[tuple[bool, bool], dict[str, str]] = {
             (in_line, filtered): statements.render(
                 self.templates,

@@ -34,8 +34,14 @@ class Turn:
         return self if lock_delay == self.lock_delay else Turn(self.place, self.priority, lock_delay)
 
     def params(self, line_name: str) -> tuple[Any, ...]:
-        """LINE_CLEAR's parameters for a row of the line ``line_name`` ('' for any row)."""
+        """Who is ahead of this turn in the line ``line_name`` ('' for any row of the kind):
+        the parameters of RW_READ_CLEAR, and the first of LINE_CLEAR's (``line_params``)."""
         return (line_name, self.place, self.priority, self.priority, self.place, self.place)
+
+    def line_params(self, line_name: str, kind: str) -> tuple[Any, ...]:
+        """LINE_CLEAR's parameters for a row of ``kind`` in the line ``line_name``: who is
+        ahead, then the room the line has for this turn (its free rows, if it has a place)."""
+        return (*self.params(line_name), line_name, self.place, kind)
 
     @property
     def forms(self) -> tuple[bool, ...]:
@@ -148,7 +154,7 @@ class LineStatements:
     def grantable(kind: str, turn: Turn, where: str | None, line: str = "", *, in_line: bool = True) -> tuple[Any, ...]:
         """GRANTABLE's parameters: the kind, the caller's turn in the line ``line`` (the line
         form only), its filter."""
-        params = (kind, *turn.params(line)) if in_line else (kind,)
+        params = (kind, *turn.line_params(line, kind)) if in_line else (kind,)
         return params if where is None else (*params, where)
 
     # -- the line of waiters -----------------------------------------------------------
@@ -227,8 +233,8 @@ class LineStatements:
             for pk, holder, priority, since, expires in cursor.fetchall()
         ]
 
-    #: Free rows a waiter's look counts at most.
-    LOOK_LIMIT = 8
+    #: Free rows a waiter's look counts at most: as many as a grant counts (LINE_CLEAR).
+    LOOK_LIMIT = statements.LINE_ROOM
 
     def look(self, cursor: Any, *, kind: str, name: str, turn: Turn, where: str | None, shared: bool = False) -> Look:
         """A waiter's look at its line (``Look``): reads only, by primary key and indexes.

@@ -70,9 +70,6 @@ PER_CALL = (
     "matching",
 )
 
-#: The pieces of a ``Turn`` (who asks, as the line sees it) in LINE_CLEAR's order: the line's
-#: name ('' for any row of the kind), then the place's id, priority, priority, id, id.
-LINE_PARAMS = 6
 
 # -- fragments -------------------------------------------------------------------------------
 
@@ -97,18 +94,34 @@ DELAY_OVER = "(grant_token = '' OR lock_delay = 0 OR {delay_end} <= {now})"
 
 # -- the line of waiters (models.Waiter) ---------------------------------------------------------
 
-# A grant's turn: no live waiter of the row's line (its kind, and its name or '' for any row)
-# that is ahead of the caller and whose where= the row matches. Ahead: a higher priority, or
-# the same and an older place. A caller without a live place (a newcomer, timeout=0; a waiter
-# paused past its place's ttl) has every live waiter ahead of it, so it never takes a row a
-# waiter is in line for. Newcomers pass place 0, which no place has.
-# (line name, id, priority, priority, id, id)
+#: Free rows a grant in the line form counts at most (LINE_CLEAR's room) and a waiter's look
+#: counts at most (LOOK_ANY): waiters further back than this wait until they are this close
+#: to the front, whatever else is free.
+LINE_ROOM = 64
+
+# A grant's turn: the row's line (its kind, and its name or '' for any row) leaves room for the
+# caller. Ahead of it: the live waiters with a higher priority, or the same and an older place;
+# a caller without a live place (a newcomer, timeout=0; a waiter paused past its place's ttl)
+# has every live waiter ahead of it. Room: fewer waiters ahead of it without a where= (any row
+# serves them) than there are free rows, and no waiter ahead of it whose where= this row
+# matches (each counts LINE_ROOM, so one sum says both). Waiters whose where= the row does not
+# match do not count. So a pool's line serves as many of its first waiters at once as it has
+# free rows (up to LINE_ROOM), each with a row of its own, rather than one at a time through
+# the head of the line. A caller without a live place has room for one only: it takes a row
+# only if no live waiter wants it, as if the pool had that one free row. (Callers without a
+# place all stand at the same rank: were they to count the free rows, two of them reading the
+# same snapshot would each take one of two rows meant for a waiter and one of them.)
+# A named row's line has room for its first waiter only.
+# (line name, id, priority, priority, id, id, line name, id, kind)
 LINE_CLEAR = (
-    "NOT EXISTS (SELECT 1 FROM {waiters} w WHERE w.kind = {table}.kind AND w.name = {p}"
+    "(SELECT COALESCE(SUM(CASE WHEN w.filter IS NULL THEN 1 WHEN {waiter_matches} THEN " + str(LINE_ROOM) + " ELSE 0 END), 0)"
+    " FROM {waiters} w WHERE w.kind = {table}.kind AND w.name = {p}"
     " AND w.expires_at > {now} AND w.id <> {p}"
     " AND (w.priority > {p} OR (w.priority = {p} AND w.id < {p})"
-    " OR NOT EXISTS (SELECT 1 FROM {waiters} me WHERE me.id = {p} AND me.expires_at > {now}))"
-    " AND (w.filter IS NULL OR {waiter_matches}))"
+    " OR NOT EXISTS (SELECT 1 FROM {waiters} me WHERE me.id = {p} AND me.expires_at > {now})))"
+    " < CASE WHEN {p} = '' AND EXISTS (SELECT 1 FROM {waiters} me WHERE me.id = {p} AND me.expires_at > {now})"
+    " THEN (SELECT COUNT(*) FROM (SELECT 1 FROM {table} {index_hint}"
+    " WHERE {free} AND {delay_over} LIMIT " + str(LINE_ROOM) + ") room) ELSE 1 END"
 )
 
 # The newcomer's first try: no waiter has marked the row (Resource.line_until, written by

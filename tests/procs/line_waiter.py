@@ -16,7 +16,9 @@ caller was overtaken.
 
 ``--broken``: the negative control. The grant statements ignore the line (LINE_CLEAR always
 true, its parameters still consumed, and a newcomer's first try blind to the waiters' marks:
-UNMARKED always true), as the engine did before there was one.
+UNMARKED always true), as the engine did before there was one. ``--serial``: the negative
+control of a pool's room (``statements.LINE_CLEAR``): a grant passes only if no waiter
+ahead could take the row, so the line's head is served alone, one row at a time.
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ import json
 import time
 from typing import Any
 
+from resource_lease.db.line import Turn
 from tests.procs import setup
 
-#: LINE_CLEAR without its condition: the six parameters are still there, the line is not.
-BROKEN_LINE_CLEAR = "(" + " OR ".join(["CAST({p} AS CHAR) IS NOT NULL"] * 6) + " OR {true} = {true})"
+#: LINE_CLEAR without its condition: its parameters are still there, the line is not.
+BROKEN_LINE_CLEAR = (
+    "(" + " OR ".join(["CAST({p} AS CHAR) IS NOT NULL"] * len(Turn().line_params("", ""))) + " OR {true} = {true})"
+)
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -43,6 +48,28 @@ def break_the_line() -> None:
 
     for cls in (MySQLDialect, PostgreSQLDialect, SQLiteDialect):
         cls.templates = {**cls.templates, "LINE_CLEAR": BROKEN_LINE_CLEAR, "UNMARKED": "{true} = {true}"}
+
+
+#: LINE_CLEAR as it was at first (the negative control of the pool's room): no live waiter
+#: ahead of the caller that the row could serve, so a pool's line serves its head only, one
+#: row at a time, whatever else is free.
+SERIAL_LINE_CLEAR = (
+    "NOT EXISTS (SELECT 1 FROM {waiters} w WHERE w.kind = {table}.kind AND w.name = {p}"
+    " AND w.expires_at > {now} AND w.id <> {p}"
+    " AND (w.priority > {p} OR (w.priority = {p} AND w.id < {p})"
+    " OR NOT EXISTS (SELECT 1 FROM {waiters} me WHERE me.id = {p} AND me.expires_at > {now}))"
+    " AND (w.filter IS NULL OR {waiter_matches}))"
+    " AND CAST({p} AS CHAR) IS NOT NULL AND CAST({p} AS CHAR) IS NOT NULL AND CAST({p} AS CHAR) IS NOT NULL"
+)
+
+
+def serve_the_head_only() -> None:
+    from resource_lease.db.mysql import MySQLDialect
+    from resource_lease.db.postgresql import PostgreSQLDialect
+    from resource_lease.db.sqlite import SQLiteDialect
+
+    for cls in (MySQLDialect, PostgreSQLDialect, SQLiteDialect):
+        cls.templates = {**cls.templates, "LINE_CLEAR": SERIAL_LINE_CLEAR}
 
 
 def record_places(places: list[dict[str, Any]]) -> None:
@@ -83,12 +110,15 @@ def main() -> None:
     parser.add_argument("--ttl", type=float, default=30.0)
     parser.add_argument("--priority", type=int, default=0)
     parser.add_argument("--broken", action="store_true")
+    parser.add_argument("--serial", action="store_true", help="a pool's line serves its head only")
     parser.add_argument("--where", help="a JSON object: acquire(where=...)")
     parser.add_argument("--timeout", type=float, help="with --once: give up after this (default: wait)")
     args = parser.parse_args()
     setup()
     if args.broken:
         break_the_line()
+    if args.serial:
+        serve_the_head_only()
     from resource_lease import LockHeld, NoResourceAvailable
     from resource_lease.db.connections import lease_connection
 
