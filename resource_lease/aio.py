@@ -79,8 +79,9 @@ class AsyncWaker(Waker):
 
 async def _granting(fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` in a thread, a grant possibly among what it returns; if the caller is
-    cancelled meanwhile, the grant that comes back anyway is given back before the
-    cancellation goes on (a lease nobody holds would otherwise block others for its ttl)."""
+    cancelled meanwhile, the call is let finish, and the grant that comes back anyway is given
+    back before the cancellation goes on (a lease nobody holds would otherwise block others
+    for its ttl)."""
     task = asyncio.ensure_future(in_thread(fn, *args))
     try:
         return await asyncio.shield(task)
@@ -120,7 +121,9 @@ async def arun(wait: Wait[T]) -> T:
                     if isinstance(step, Attempt):
                         value = await _granting(wait.attempt, step.turn)
                     elif isinstance(step, Call):
-                        value = await in_thread(step.run)
+                        # Cancelled meanwhile, the call still ends before the cleanup below
+                        # (a place it took is then ours to leave).
+                        value = await _granting(step.run)
                     else:
                         value = await waker.await_wake(step.seconds)
                     step = steps.send(value)

@@ -273,9 +273,11 @@ class Waiting:
     def _enter(self) -> Place | None:
         """A place at the back of the line, or None if taking it waited out the bounded lock
         wait (rolled back, nothing written): like a grant that did, the caller's own timeout
-        decides whether to try again (``_take_place``)."""
+        decides whether to try again (``_take_place``). The place is ours at once
+        (``self.place``), so that ``cleanup`` leaves it even if the answer of this call never
+        reaches ``steps`` (an asyncio caller cancelled while it ran)."""
         try:
-            return _enter(
+            self.place = _enter(
                 self.line,
                 holder=self.holder,
                 priority=self.priority,
@@ -284,6 +286,7 @@ class Waiting:
                 waker=self.waker,
                 shared=self.shared,
             )
+            return self.place
         except LockWaitTimeout as exc:
             stats.enter_lock_waits += 1
             logger.warning(
