@@ -114,7 +114,9 @@ LINE_ROOM = 64
 # A named row's line has room for its first waiter only.
 # (line name, id, priority, priority, id, id, line name, id, kind)
 LINE_CLEAR = (
-    "(SELECT COALESCE(SUM(CASE WHEN w.filter IS NULL THEN 1 WHEN {waiter_matches} THEN " + str(LINE_ROOM) + " ELSE 0 END), 0)"
+    "(SELECT COALESCE(SUM(CASE WHEN w.filter IS NULL THEN 1 WHEN {waiter_matches} THEN "
+    + str(LINE_ROOM)
+    + " ELSE 0 END), 0)"
     " FROM {waiters} w WHERE w.kind = {table}.kind AND w.name = {p}"
     " AND w.expires_at > {now} AND w.id <> {p}"
     " AND (w.priority > {p} OR (w.priority = {p} AND w.id < {p})"
