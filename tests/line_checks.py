@@ -7,15 +7,17 @@ database's clock of the grant, ``acquired_at``).
 
 A grant G *overtook* an acquisition J when J was already waiting in line before G's call even
 started (J's first place committed before ``G.asked``), J had at least G's priority, J was
-granted after G, and the row J got was still held when G was granted (its previous holder
-had not started to release it: ``J.freed >= G.granted``). Whatever G was (a newcomer, or a
-waiter that entered the line after J), the line's rule is that J goes first: so an overtake
-is a violation, provided J's place stayed live (no kills or pauses in the scenarios this is
-applied to). For one row (a lock) the last condition always holds. In a pool the line serves
-as many of its first waiters at once as it has free rows (``statements.LINE_CLEAR``), in
-whatever order their statements reach the database: a waiter behind J that is granted one
-free row first did not take J's, if J's own row was free already.
-
+granted after G, and G's grant left no row for J: the waiters G passed so (J and any other)
+were at least as many as the rows free when G was granted, G's own included. Whatever G was
+(a newcomer, or a waiter that entered the line after J), the line's rule is that J goes
+first: so an overtake is a violation, provided J's place stayed live (no kills or pauses in
+the scenarios this is applied to). For one row (a lock) a free row is G's, so any J passed
+counts. In a pool the line serves as many of its first waiters at once as it has free rows
+(``statements.LINE_CLEAR``), in whatever order their statements reach the database: a waiter
+behind J that is granted one of two free rows did not take J's, even if J is slow to take
+the other and gets some later row. A row counts as free at a moment when no grant of it in
+the histories held it then (from ``granted`` to ``released``, on the host's clock: the
+narrowest bounds of the real hold, so a row is counted free rather than held when in doubt).
 Grants are ordered by fence for one row (a lock) and by the database's clock of the grant for
 a pool (``acquired_at``: microseconds, SQLite milliseconds; fences are per row there). Two
 grants of a pool at the same instant of that clock cannot be ordered, so neither overtook
@@ -25,7 +27,7 @@ the other.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -39,9 +41,6 @@ class Acquisition:
     granted: float
     released: float
     row: int | None = None
-    #: When the row it got was last released before its grant (the previous holder's
-    #: ``released``); None: no earlier grant of that row in the histories (free from the start).
-    freed: float | None = None
 
 
 def acquisitions(histories: Mapping[str, Sequence[Mapping[str, Any]]], *, by_fence: bool) -> list[Acquisition]:
@@ -63,29 +62,33 @@ def acquisitions(histories: Mapping[str, Sequence[Mapping[str, Any]]], *, by_fen
                 )
             )
     found.sort(key=lambda a: a.order)
-    last_release: dict[int | None, float] = {}
-    for i, a in enumerate(found):
-        found[i] = replace(a, freed=last_release.get(a.row))
-        last_release[a.row] = a.released
     return found
+
+
+def free_rows(grants: Sequence[Acquisition], at: float, *, besides: Sequence[Acquisition] = ()) -> int:
+    """How many rows the histories know were not held at the moment ``at`` (host clock), the
+    grants ``besides`` left out (granted later in the database's order, whatever the host's
+    clock says of the moment their statements returned)."""
+    rows = {a.row for a in grants}
+    held = {a.row for a in grants if a.granted <= at <= a.released and a not in besides}
+    return len(rows - held)
 
 
 def overtakes(grants: Sequence[Acquisition]) -> list[tuple[Acquisition, Acquisition]]:
     """Every (G, J) where grant G overtook J, which was already waiting in line (see above)."""
     found = []
     for i, g in enumerate(grants):
-        for j in grants[i + 1 :]:
-            if j.order[0] == g.order[0]:
-                continue  # granted at the same instant of the database's clock: no order
-            if (
-                j.worker != g.worker
-                and j.entered is not None
-                and j.entered < g.asked
-                and j.priority >= g.priority
-                and j.freed is not None
-                and j.freed >= g.granted
-            ):
-                found.append((g, j))
+        passed = [
+            j
+            for j in grants[i + 1 :]
+            if j.order[0] != g.order[0]  # granted at the same instant of the database's clock: no order
+            and j.worker != g.worker
+            and j.entered is not None
+            and j.entered < g.asked
+            and j.priority >= g.priority
+        ]
+        if passed and len(passed) >= free_rows(grants, g.granted - 1e-9, besides=passed):
+            found.extend((g, j) for j in passed)
     return found
 
 
@@ -94,8 +97,8 @@ def describe(pairs: Sequence[tuple[Acquisition, Acquisition]]) -> str:
 
     def one(a: Acquisition) -> str:
         return (
-            f"{a.worker} asked {a.asked:.4f} entered {a.entered} granted {a.granted:.4f} row {a.row}"
-            f" freed {a.freed} order {a.order}"
+            f"{a.worker} asked {a.asked:.4f} entered {a.entered} granted {a.granted:.4f}"
+            f" released {a.released:.4f} row {a.row} order {a.order}"
         )
 
     return "; ".join(f"[{one(g)}] overtook [{one(j)}]" for g, j in pairs)

@@ -20,6 +20,7 @@ them: see ``resource_lease.db.galera`` (docs/pitfalls.md#galera).
 from __future__ import annotations
 
 import datetime as dt
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -93,6 +94,24 @@ ACQUIRE_SCAN_SKIP_LOCKED = Returning(
     read_back="id = LAST_INSERT_ID() AND grant_token = {p}",
 )
 
+# A grant in the line form (LINE_CLEAR) is never the join above: in a multi-table UPDATE every
+# read is a locking read, so the line's subqueries would take shared locks on the waiters'
+# rows and on the free rows they count, and deadlock with the waiters leaving the line and with
+# the other grants' SKIP LOCKED picks (docs/pitfalls.md#locking-subqueries). A single-table
+# UPDATE under READ COMMITTED reads its subqueries as a consistent read, without locks. So a
+# caller in line first reads some free rows (a plain SELECT: no locks), then tries them one by
+# one by primary key: LINE_PICKS, then GRANT_LINE (MariaDB: not waiting for a row another
+# grant has locked, like the probe; MySQL: GRANT_BY_ID). (kind, [where])
+LINE_PICKS = (
+    "SELECT id FROM {table} {index_hint} WHERE {free} AND {delay_over}{own_filter}"
+    " ORDER BY kind, busy_before LIMIT {limit}"
+)
+# (holder, token, ttl, lock_delay, id, kind, *line, [where]), read back by (id, token).
+GRANT_LINE_NOWAIT = Returning(
+    "SET STATEMENT innodb_lock_wait_timeout = 0 FOR UPDATE {table} SET {grant_set} WHERE id = {p} AND {grantable}",
+    read_back="id = {p} AND grant_token = {p}",
+)
+
 # The probe's LAST_INSERT_ID (the packing above).
 PROBE_PACKED = (
     "(fence + 1) * {fence_unit} + took_over * {took_over_unit}"
@@ -161,6 +180,8 @@ TEMPLATES: dict[str, str | Returning] = {
     "GRANT_PROBE": GRANT_PROBE,
     "GRANT_PROBE_NOWAIT": GRANT_PROBE_NOWAIT,
     "PROBE_READ_BACK": PROBE_READ_BACK,
+    "LINE_PICKS": LINE_PICKS,
+    "GRANT_LINE_NOWAIT": GRANT_LINE_NOWAIT,
     "RW_NEXT_FENCE": RW_NEXT_FENCE,
     "RW_READ": RW_READ,
 }
@@ -359,6 +380,11 @@ class MySQLDialect(Dialect):
     ) -> Row | None:
         grant = self.grant_params(holder, token, self.ttl_param(ttl), turn)
         for in_line in turn.forms:
+            if in_line:
+                row = self._acquire_in_line(cursor, kind=kind, grant=grant, token=token, turn=turn, where=where)
+                if row is not None:
+                    return row
+                continue
             grantable = self.grantable(kind, turn, where, in_line=in_line)
             if self.skip_locked:
                 sql = self.statement("ACQUIRE_SCAN_SKIP_LOCKED", where, in_line=in_line)
@@ -366,6 +392,32 @@ class MySQLDialect(Dialect):
             else:
                 sql, params = self.statement("ACQUIRE_SCAN", where, in_line=in_line), (*grant, *grantable)
             row = self.returning_row(cursor, sql, params, read_params=(token,))
+            if row is not None:
+                return row
+        return None
+
+    #: Free rows a grant in the line form reads, and tries in a random order (so that the
+    #: waiters served at once spread over them rather than meet at the first).
+    LINE_PICKS = 8
+
+    def _acquire_in_line(
+        self, cursor: Any, *, kind: str, grant: tuple[Any, ...], token: str, turn: Turn, where: str | None
+    ) -> Row | None:
+        """A grant in the line form, without the join of the scan (LINE_PICKS above): some free
+        rows read, then each tried by primary key until one is granted."""
+        own = () if where is None else (where,)
+        cursor.execute(statements.fill(self.statement("LINE_PICKS", where), limit=str(self.LINE_PICKS)), (kind, *own))
+        ids = [pk for (pk,) in cursor.fetchall()]
+        random.shuffle(ids)
+        sql = self.statement("GRANT_LINE_NOWAIT" if self.mariadb else "GRANT_BY_ID", where)
+        grantable = self.grantable(kind, turn, where)
+        for pk in ids:
+            try:
+                row = self.returning_row(cursor, sql, (*grant, pk, *grantable), read_params=(pk, token))
+            except Exception as exc:
+                if exc.args and exc.args[0] in _LOCK_TIMEOUT:
+                    continue  # another grant has the row locked: it is taking it
+                raise
             if row is not None:
                 return row
         return None
