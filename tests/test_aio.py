@@ -13,10 +13,9 @@ from typing import Any
 
 import pytest
 
-from resource_lease import Election, LockHeld, aacquire, acquire, alock, asemaphore, lock, synchronized, watch
+from resource_lease import Election, LockHeld, aacquire, acquire, alock, asemaphore, line, lock, synchronized, watch
 from resource_lease.aio import in_thread
 from resource_lease.exceptions import NoResourceAvailable
-from resource_lease import line
 from resource_lease.line import Line, waiters
 from resource_lease.recipes.locks import LOCK_KIND
 
