@@ -396,9 +396,12 @@ class MySQLDialect(Dialect):
                 return row
         return None
 
-    #: Free rows a grant in the line form reads, and tries in a random order (so that the
-    #: waiters served at once spread over them rather than meet at the first).
+    #: Free rows a grant in the line form reads, of which it tries ``LINE_TRIES`` in a random
+    #: order (so that the waiters served at once spread over them rather than meet at the
+    #: first). A try refused by the line's rule is likely to be refused on any row: the
+    #: second try is for a row taken between the read and the try.
     LINE_PICKS = 8
+    LINE_TRIES = 2
 
     def _acquire_in_line(
         self, cursor: Any, *, kind: str, grant: tuple[Any, ...], token: str, turn: Turn, where: str | None
@@ -411,7 +414,7 @@ class MySQLDialect(Dialect):
         random.shuffle(ids)
         sql = self.statement("GRANT_LINE_NOWAIT" if self.mariadb else "GRANT_BY_ID", where)
         grantable = self.grantable(kind, turn, where)
-        for pk in ids:
+        for pk in ids[: self.LINE_TRIES]:
             try:
                 row = self.returning_row(cursor, sql, (*grant, pk, *grantable), read_params=(pk, token))
             except Exception as exc:
