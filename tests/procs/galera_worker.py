@@ -148,12 +148,20 @@ def hold(args: argparse.Namespace, worker: str) -> None:
         except LeaseLost:  # renewal thread is stuck on a hung server
             break
         time.sleep(0.1)
+    # Asked again once the loop ends: on a loaded machine the sleep above can outlast the local
+    # deadline, and a holder that then saw the stop file without checking would record (and
+    # trust) a holding past it, which the ledger reads as two holders at once.
+    try:
+        lease.check()
+    except LeaseLost:
+        pass
+    ended = time.monotonic_ns()
+    trusted_until = int(lease._deadline * 1e9)  # the local deadline: trust ends there at the latest
     if lease.lost:
-        trusted_until = int(lease._deadline * 1e9)  # the local deadline it stopped trusting at
-        record(args.dir, Grant(lease.resource.pk, lease.fence, worker, start, trusted_until))
+        record(args.dir, Grant(lease.resource.pk, lease.fence, worker, start, min(ended, trusted_until)))
         emit("done", held=False, pk=lease.resource.pk)
         return
-    record(args.dir, Grant(lease.resource.pk, lease.fence, worker, start, time.monotonic_ns()))
+    record(args.dir, Grant(lease.resource.pk, lease.fence, worker, start, min(ended, trusted_until)))
     released = lease.release()
     emit("done", held=True, released=released, pk=lease.resource.pk)
 
