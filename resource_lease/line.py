@@ -35,7 +35,7 @@ from typing import Any, Generic, TypeVar
 from resource_lease import metrics, renewal
 from resource_lease.conf import lease_settings
 from resource_lease.db.connections import LockWaitTimeout
-from resource_lease.db.line import NEWCOMER, Look, Turn
+from resource_lease.db.line import ARRIVING, NEWCOMER, Look, Turn
 from resource_lease.db.line import Place as WaitingPlace
 from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseDatabaseError, LeaseLost
@@ -325,7 +325,7 @@ class Waiting:
 
     def steps(self) -> Generator[Step, Any, Any]:
         """The wait, step by step (see the module's docstring); returns the grant or None."""
-        result = yield Attempt(NEWCOMER)
+        result = yield Attempt(NEWCOMER if self.timeout == 0 else ARRIVING)
         if result is not None or self.timeout == 0:
             if result is not None:
                 stats.at_once += 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from resource_lease.db import statements
@@ -28,10 +28,13 @@ class Turn:
     #: The caller's ``lock_delay`` (seconds): the grant writes it on the row (GRANT_SET); a
     #: grant of it that expires unreleased keeps the row from every grant this long after.
     lock_delay: float = 0.0
+    #: A newcomer that will take a place if this try fails: it tries the UNMARKED form only
+    #: (see ``forms``).
+    will_wait: bool = False
 
     def with_delay(self, lock_delay: float) -> Turn:
         """This turn, asking for ``lock_delay`` on its grant."""
-        return self if lock_delay == self.lock_delay else Turn(self.place, self.priority, lock_delay)
+        return self if lock_delay == self.lock_delay else replace(self, lock_delay=lock_delay)
 
     def params(self, line_name: str) -> tuple[Any, ...]:
         """Who is ahead of this turn in the line ``line_name`` ('' for any row of the kind):
@@ -49,12 +52,19 @@ class Turn:
         newcomer first tries the form that only asks whether a waiter marked the row
         (UNMARKED: no subquery, the uncontended grant's cost), then, if that granted nothing,
         the line form, which may find the marks stale or the waiters not interested; a waiter
-        in line always checks the line."""
-        return (True,) if self.place else (False, True)
+        in line always checks the line. A newcomer that will wait (``ARRIVING``) leaves the
+        line form to its first try in line: under contention the line form would only be
+        refused (3 statements on MySQL, for nothing), and where the marks are stale it is
+        served at its first look from its place."""
+        if self.place:
+            return (True,)
+        return (False,) if self.will_wait else (False, True)
 
 
-#: A caller with no place in line (``timeout=0``, or the first attempt of one that waits).
+#: A caller with no place in line (``timeout=0``, or a grant that does not wait).
 NEWCOMER = Turn()
+#: The first try of a caller that waits if it is not granted at once (``line.Waiting``).
+ARRIVING = Turn(will_wait=True)
 
 
 @dataclass(frozen=True)
