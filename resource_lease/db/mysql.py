@@ -381,7 +381,7 @@ class MySQLDialect(Dialect):
         grant = self.grant_params(holder, token, self.ttl_param(ttl), turn)
         for in_line in turn.forms:
             if in_line:
-                row = self._acquire_in_line(cursor, kind=kind, grant=grant, token=token, turn=turn, where=where)
+                row = acquire_in_line(self, cursor, kind=kind, grant=grant, token=token, turn=turn, where=where)
                 if row is not None:
                     return row
                 continue
@@ -392,35 +392,6 @@ class MySQLDialect(Dialect):
             else:
                 sql, params = self.statement("ACQUIRE_SCAN", where, in_line=in_line), (*grant, *grantable)
             row = self.returning_row(cursor, sql, params, read_params=(token,))
-            if row is not None:
-                return row
-        return None
-
-    #: Free rows a grant in the line form reads, of which it tries ``LINE_TRIES`` in a random
-    #: order (so that the waiters served at once spread over them rather than meet at the
-    #: first). A try refused by the line's rule is likely to be refused on any row: the
-    #: second try is for a row taken between the read and the try.
-    LINE_PICKS = 8
-    LINE_TRIES = 2
-
-    def _acquire_in_line(
-        self, cursor: Any, *, kind: str, grant: tuple[Any, ...], token: str, turn: Turn, where: str | None
-    ) -> Row | None:
-        """A grant in the line form, without the join of the scan (LINE_PICKS above): some free
-        rows read, then each tried by primary key until one is granted."""
-        own = () if where is None else (where,)
-        cursor.execute(statements.fill(self.statement("LINE_PICKS", where), limit=str(self.LINE_PICKS)), (kind, *own))
-        ids = [pk for (pk,) in cursor.fetchall()]
-        random.shuffle(ids)
-        sql = self.statement("GRANT_LINE_NOWAIT" if self.mariadb else "GRANT_BY_ID", where)
-        grantable = self.grantable(kind, turn, where)
-        for pk in ids[: self.LINE_TRIES]:
-            try:
-                row = self.returning_row(cursor, sql, (*grant, pk, *grantable), read_params=(pk, token))
-            except Exception as exc:
-                if exc.args and exc.args[0] in _LOCK_TIMEOUT:
-                    continue  # another grant has the row locked: it is taking it
-                raise
             if row is not None:
                 return row
         return None
@@ -504,3 +475,35 @@ class MySQLDialect(Dialect):
         if isinstance(exc, MySQLdb.InterfaceError):
             return Failure.DISCONNECT
         return Failure.FATAL
+
+
+#: Free rows a grant in the line form reads, of which it tries ``LINE_TRIES`` in a random order
+#: (so that the waiters served at once spread over them rather than meet at the first). A try
+#: refused by the line's rule is likely to be refused on any row: the second try is for a row
+#: taken between the read and the try.
+LINE_PICK_LIMIT = 8
+LINE_TRIES = 2
+
+
+def acquire_in_line(
+    dialect: MySQLDialect, cursor: Any, *, kind: str, grant: tuple[Any, ...], token: str, turn: Turn, where: str | None
+) -> Row | None:
+    """A grant in the line form, without the join of the scan (LINE_PICKS above): some free
+    rows read, then tried by primary key until one is granted."""
+    own = () if where is None else (where,)
+    sql = statements.fill(dialect.statement("LINE_PICKS", where), limit=str(LINE_PICK_LIMIT))
+    cursor.execute(sql, (kind, *own))
+    ids = [pk for (pk,) in cursor.fetchall()]
+    random.shuffle(ids)
+    grant_sql = dialect.statement("GRANT_LINE_NOWAIT" if dialect.mariadb else "GRANT_BY_ID", where)
+    grantable = dialect.grantable(kind, turn, where)
+    for pk in ids[:LINE_TRIES]:
+        try:
+            row = dialect.returning_row(cursor, grant_sql, (*grant, pk, *grantable), read_params=(pk, token))
+        except Exception as exc:
+            if exc.args and exc.args[0] in _LOCK_TIMEOUT:
+                continue  # another grant has the row locked: it is taking it
+            raise
+        if row is not None:
+            return row
+    return None
