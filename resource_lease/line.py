@@ -311,8 +311,7 @@ class Waiting:
                 ENTER_RETRY if self.deadline is None else max(0.0, min(ENTER_RETRY, self.deadline - time.monotonic()))
             )
             place = yield Call(self._enter)
-        self.place = place
-        return place
+        return place  # self.place already (``_enter``)
 
     def _look(self) -> Look:
         assert self.place is not None

@@ -43,6 +43,13 @@ ACQUIRE_INDEX = "resource_lease_acquire_idx"  # models.Resource.Meta.indexes
 # won) as a deadlock, 1213, after its own retry of an autocommit statement.
 _TRANSIENT = {1213, 1614}  # deadlock (or certification conflict), transaction branch rolled back
 _LOCK_TIMEOUT = {1205, 1969, 3024}  # innodb_lock_wait_timeout, MariaDB max_statement_time, MySQL max_execution_time
+
+
+def _found_row_locked(exc: Exception) -> bool:
+    """Whether a grant that must not wait gave up on a row another transaction has locked."""
+    return bool(exc.args) and exc.args[0] in _LOCK_TIMEOUT
+
+
 # Client and server errors meaning the connection is gone.
 _DISCONNECT = {2002, 2003, 2006, 2013, 2026, 2055, 4031, 1053, 1927}
 #: MySQLdb.constants.CLIENT.FOUND_ROWS (the MySQL protocol's CLIENT_FOUND_ROWS), without
@@ -331,7 +338,7 @@ class MySQLDialect(Dialect):
         try:
             cursor.execute(sql, params)
         except Exception as exc:
-            if exc.args and exc.args[0] in _LOCK_TIMEOUT:
+            if _found_row_locked(exc):
                 return None  # another transaction has the row locked: a miss, the scan skips it
             raise
         if cursor.rowcount != 1:
@@ -501,7 +508,7 @@ def acquire_in_line(
         try:
             row = dialect.returning_row(cursor, grant_sql, (*grant, pk, *grantable), read_params=(pk, token))
         except Exception as exc:
-            if exc.args and exc.args[0] in _LOCK_TIMEOUT:
+            if _found_row_locked(exc):
                 continue  # another grant has the row locked: it is taking it
             raise
         if row is not None:
