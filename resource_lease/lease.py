@@ -173,6 +173,12 @@ class Lease:
             self.expires_at = expiry
             self.ttl = ttl
             self._deadline = sent_at + ttl - safety_margin(ttl)
+        if arrived_dead(self):
+            # The answer came back after the very deadline it set: by the database's clock the
+            # lease may have expired in between and the resource been granted again
+            # (docs/pitfalls.md#late-answers).
+            self._mark_lost("the renewal's answer came back after the lease's local deadline")
+            raise LeaseLost(f"{self!r}: {self.lost_reason}")
         return expiry
 
     def is_held(self) -> bool:
@@ -489,4 +495,36 @@ def attempt_grant(
     if row is None:
         return None
     resource = engine.dialect.to_resource(row)
-    return (lease_class or Lease)(resource, holder=holder, ttl=ttl, using=alias, sent_at=sent_at, on_lost=on_lost)
+    lease = (lease_class or Lease)(resource, holder=holder, ttl=ttl, using=alias, sent_at=sent_at, on_lost=on_lost)
+    if arrived_dead(lease):
+        give_back_dead(lease, took=time.monotonic() - sent_at)
+        return None
+    return lease
+
+
+def arrived_dead(lease: Lease) -> bool:
+    """Whether a grant's (or renewal's) answer came back after the lease's local deadline
+    (counted from when it was sent): the statement or
+    its answer was held up for longer than the ttl less the safety margin (a paused database
+    node that finishes the statement when it resumes, a stalled network). By the database's
+    clock the lease may have expired and the resource been granted again meanwhile, with a
+    higher fence (docs/pitfalls.md#late-answers)."""
+    return lease.remaining() <= 0.0
+
+
+def give_back_dead(lease: Lease, *, took: float) -> None:
+    """A grant that arrived dead is never handed out: the attempt counts as nothing granted,
+    and the row is given back if it is still this lease's (the fenced release never touches
+    a later holder's). No signal is sent: nobody was told of the grant."""
+    lease._released = True
+    logger.warning(
+        "%r: the grant's answer took %.3gs, longer than the lease may be trusted (ttl %gs less the"
+        " safety margin): not handed out",
+        lease,
+        took,
+        lease.ttl,
+    )
+    try:
+        lease._ops().release(**lease._key())
+    except LeaseDatabaseError as exc:  # it expires by itself at its busy_before
+        logger.warning("%r: giving back the late grant failed, it expires by itself: %s", lease, exc)

@@ -213,7 +213,8 @@ def faketime_env(offset: str) -> dict[str, str]:
 
 class CutProxy:
     """Forward TCP connections to a database server; when armed, cut one connection after
-    the server has answered a chosen statement, before the client sees the answer.
+    the server has answered a chosen statement, before the client sees the answer (or, armed
+    with ``hold``, deliver that answer only ``hold`` seconds later: a late answer).
 
     The statement is recognised by byte patterns in one client-to-server packet (the SQL text
     travels in clear on a local connection without TLS). The server runs it to the end (an
@@ -226,22 +227,27 @@ class CutProxy:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._patterns: tuple[bytes, ...] | None = None
+        self._hold: float | None = None
         self._lock = threading.Lock()
         self.cuts: queue.Queue[float] = queue.Queue()
         self._socks: list[socket.socket] = []
         self._closed = False
         threading.Thread(target=self._accept, name="cut-proxy", daemon=True).start()
 
-    def arm(self, *patterns: bytes) -> None:
-        """Cut the next connection whose client sends one packet containing all ``patterns``."""
+    def arm(self, *patterns: bytes, hold: float | None = None) -> None:
+        """Cut the next connection whose client sends one packet containing all ``patterns``
+        (with ``hold``: keep it, and hold back the answer to that packet for ``hold`` seconds).
+        ``cuts`` gets the time the answer was caught."""
         with self._lock:
             self._patterns = patterns
+            self._hold = hold
 
-    def _take(self, data: bytes) -> bool:
+    def _take(self, data: bytes) -> float | bool:
+        """False, or what to do with the answer: True (cut) or the seconds to hold it."""
         with self._lock:
             if self._patterns is not None and all(p in data for p in self._patterns):
                 self._patterns = None
-                return True
+                return True if self._hold is None else self._hold
         return False
 
     def _accept(self) -> None:
@@ -257,24 +263,29 @@ class CutProxy:
                 continue
             server.settimeout(None)
             self._socks += [client, server]
-            state = {"cut": False}
+            state: dict[str, float | bool] = {"cut": False}
             threading.Thread(target=self._pump_up, args=(client, server, state), daemon=True).start()
             threading.Thread(target=self._pump_down, args=(server, client, state), daemon=True).start()
 
-    def _pump_up(self, client: socket.socket, server: socket.socket, state: dict[str, bool]) -> None:
+    def _pump_up(self, client: socket.socket, server: socket.socket, state: dict[str, float | bool]) -> None:
         try:
             while data := client.recv(65536):
-                if self._take(data):
-                    state["cut"] = True  # set before the server can answer
+                if taken := self._take(data):
+                    state["cut"] = taken  # set before the server can answer
                 server.sendall(data)
         except OSError:
             pass
         self._close(client, server)
 
-    def _pump_down(self, server: socket.socket, client: socket.socket, state: dict[str, bool]) -> None:
+    def _pump_down(self, server: socket.socket, client: socket.socket, state: dict[str, float | bool]) -> None:
         try:
             while data := server.recv(65536):
-                if state["cut"]:
+                if isinstance(state["cut"], float):
+                    # The answer to the chosen statement, committed: delivered late.
+                    held, state["cut"] = float(state["cut"]), False
+                    self.cuts.put(time.monotonic())
+                    time.sleep(held)
+                elif state["cut"]:
                     # The answer to the chosen statement: swallow it and hang up on both sides.
                     self._close(client, server)
                     self.cuts.put(time.monotonic())

@@ -7,6 +7,7 @@ server or connection to lose).
 - a statement's answer is lost after the server committed it (a TCP proxy cuts the
   connection): an acquire is settled by reading the grant back by its token, and a release
   by retrying it;
+- a grant's answer arrives after its lease expired (the proxy holds it back): not handed out;
 - the server is restarted under it (test_server_restart.py).
 
 The holder reconnects (or reports the loss), and nobody else is granted the resource while
@@ -211,6 +212,94 @@ def test_acquire_whose_answer_is_lost_is_settled_by_reading_back(
         assert not violations, violations
     else:
         assert violations  # the control must show the resource lost
+
+
+@pytest.mark.parametrize("engine", [True, False], ids=["engine", "hand-out-control"])
+def test_a_grant_whose_answer_arrives_after_its_ttl_is_not_handed_out(
+    engine: bool,
+    proxy: CutProxy,
+    make_pool: Callable[..., list[Resource]],
+    start_holder: Callable[..., Child],
+    figures: Callable[..., Any],
+) -> None:
+    """The server commits a grant of the pool's one row, and its answer is held back for
+    longer than the ttl (as a paused Galera node finishes a grant when it resumes, or a
+    stalled network delivers it). Meanwhile the lease expires by the database's clock and the
+    row is granted again, with a higher fence. When the late answer arrives the engine must
+    not hand the expired lease out (its caller would work under a fence lower than one already
+    granted); the control, an engine that does, is caught (docs/pitfalls.md#late-answers)."""
+    ttl = 1.0
+    make_pool("late", 1)
+    # Late by less than 4 s: MariaDB's probe reads a grant back when the answer came that
+    # late (its clock estimate is off), and the read-back finds the row granted again.
+    proxy.arm(*ACQUIRE[connection.vendor], hold=ttl + 2.0)
+    env = _through(proxy) | ({} if engine else {"FAULTS_HAND_OUT_LATE": "1"})
+    late = start_holder("late", ttl, auto_renew=False, timeout=0, env=env)
+    proxy.cuts.get(timeout=60)  # committed, its answer held back
+    again = acquire("late", ttl=30, timeout=ttl + 10)  # granted once the first lease expired
+    granted_again = time.monotonic()
+    deadline = time.monotonic() + 30
+    while not (late.of("acquired") or late.of("acquire_failed")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    handed_out = late.of("acquired")
+    violations = [
+        f"fence {got['fence']} handed out {got['t_recv'] - granted_again:.2f}s after fence {again.fence} was granted"
+        for got in handed_out
+        if got["fence"] < again.fence and got["t_recv"] > granted_again
+    ]
+    row = Resource.objects.get()
+    if row.fence != again.fence or row.holder != again.holder:
+        violations.append(f"the new holder's row was touched: {row.holder} fence {row.fence}")
+    figures(
+        "4-late-answer-acquire" + ("" if engine else "-control"),
+        grants=2,
+        violations=len(violations),
+        handed_out=len(handed_out),
+        fence=again.fence,
+    )
+    again.release()
+    if engine:
+        assert not violations, violations
+        assert late.of("acquire_failed"), late.tail()  # told no resource, not left hanging
+    else:
+        assert violations, f"the control handed out nothing late: {late.tail()}"
+
+
+@pytest.mark.parametrize("engine", [True, False], ids=["engine", "hand-out-control"])
+def test_a_renewal_whose_answer_arrives_after_its_ttl_loses_the_lease(
+    engine: bool,
+    proxy: CutProxy,
+    make_pool: Callable[..., list[Resource]],
+    start_holder: Callable[..., Child],
+    figures: Callable[..., Any],
+) -> None:
+    """The same for a renewal: it commits, its answer is held back past the ttl it set, and
+    the row is granted again meanwhile. ``renew()`` must raise ``LeaseLost``, not report the
+    lease renewed; the control reports it renewed and is caught."""
+    ttl = 1.0
+    make_pool("late-renewal", 1)
+    env = _through(proxy) | ({} if engine else {"FAULTS_HAND_OUT_LATE": "1"})
+    late = start_holder("late-renewal", ttl, auto_renew=False, env=env)
+    first = late.wait_for("acquired")
+    proxy.arm(b"UPDATE", b"SET busy_before =", hold=ttl + 2.0)
+    ident = late.send("renew")
+    proxy.cuts.get(timeout=60)  # committed, its answer held back
+    again = acquire("late-renewal", ttl=30, timeout=ttl + 10)  # once the renewed lease expired
+    answer = late.reply(ident, timeout=30)
+    violations = [] if not answer["ok"] else [f"renew() succeeded after fence {again.fence} was granted: {answer}"]
+    figures(
+        "4-late-answer-renewal" + ("" if engine else "-control"),
+        grants=2,
+        violations=len(violations),
+        fence=again.fence,
+        first_fence=first["fence"],
+    )
+    again.release()
+    if engine:
+        assert not violations, violations
+        assert "LeaseLost" in answer["error"], answer
+    else:
+        assert violations, f"the control did not report the late renewal a success: {answer}"
 
 
 def test_release_whose_answer_is_lost_is_retried(

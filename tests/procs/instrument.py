@@ -10,7 +10,9 @@ on the engine's own connections, set by the test through the environment.
 - ``FAULTS_ISOLATION=repeatable-read``: the engine's sessions run under REPEATABLE READ
   instead of the READ COMMITTED the engine sets;
 - ``FAULTS_NO_SETTLE=1``: a broken engine that does not settle an acquire whose answer was
-  lost (a negative control).
+  lost (a negative control);
+- ``FAULTS_HAND_OUT_LATE=1``: a broken engine that hands out a grant (and reports a renewal
+  successful) whose answer came back after the lease's local deadline (a negative control).
 
 Times (``t``, ``deadline``) are the host's monotonic clock, shared by every process.
 """
@@ -75,6 +77,10 @@ def setup() -> None:
     _probe_renewals()
     if os.environ.get("FAULTS_NO_SETTLE"):
         _never_settle()
+    if os.environ.get("FAULTS_HAND_OUT_LATE"):
+        import resource_lease.lease
+
+        resource_lease.lease.arrived_dead = lambda lease: False  # type: ignore[assignment]
 
 
 def _never_settle() -> None:
