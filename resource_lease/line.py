@@ -73,6 +73,8 @@ class Stats:
         self.renewals = 0  # places renewed
         self.at_once = 0  # granted at the first attempt, without taking a place
         self.enter_lock_waits = 0  # places not taken: the statement waited out the lock wait timeout
+        self.first_tries_skipped = 0  # newcomers that went straight to a place: their line was marked
+        self.marks_skipped = 0  # places taken without marking the line: this process had just marked it
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -88,7 +90,16 @@ class Place:
     waiter was paused past its ttl) marks it lost, and the waiter takes a new place at the back."""
 
     def __init__(
-        self, line: Line, place: int, *, priority: int, where: str | None, ttl: float, sent_at: float, waker: Waker
+        self,
+        line: Line,
+        place: int,
+        *,
+        priority: int,
+        where: str | None,
+        ttl: float,
+        sent_at: float,
+        waker: Waker,
+        marked_at: float | None = None,
     ) -> None:
         self.line = line
         self.id = place
@@ -99,7 +110,9 @@ class Place:
         self.lost = False
         self._waker = waker
         self._deadline = sent_at + ttl
-        self._marked_at = sent_at  # taking the place marked the line's rows (if it is marked)
+        # When the line's rows were last marked for this place: as it was taken, or (a mark
+        # of this process's that is recent enough, ``fresh_mark``) before.
+        self._marked_at = sent_at if marked_at is None else marked_at
 
     def __repr__(self) -> str:
         return f"<Place {self.id} in line {self.line}{' lost' if self.lost else ''}>"
@@ -124,6 +137,7 @@ class Place:
         self._deadline = sent_at + self.ttl
         if mark:
             self._marked_at = sent_at
+            note_mark(line, self.where, sent_at, self.ttl)
 
     def remaining(self) -> float:
         return max(0.0, self._deadline - time.monotonic())
@@ -140,6 +154,50 @@ class Place:
         return interval if step.renewed else step.retry_in
 
 
+@dataclass(frozen=True)
+class Mark:
+    """A mark this process's waiters wrote on every row of a line (``MARK_LINE`` without a
+    ``where=``, ``MARK_NAMED``): sent at ``at`` (monotonic) for a place of ``ttl`` seconds.
+    Marks only go up, and each lasts at least 1.5 ttl from when it was written."""
+
+    at: float
+    ttl: float
+
+    @property
+    def until(self) -> float:
+        """Until when every row the line had then is surely marked (this machine's clock)."""
+        return self.at + 1.5 * self.ttl
+
+
+#: The last mark of each line written by this process (``note_mark``).
+_marks: dict[Line, Mark] = {}
+
+
+def note_mark(line: Line, where: str | None, sent_at: float, ttl: float) -> None:
+    """A waiter of ``line`` marked its rows (the statement was sent at ``sent_at``); a
+    waiter with a ``where=`` of its own marked only the rows it matches, which says nothing
+    of the line's other rows."""
+    if where is None and (line not in _marks or _marks[line].until < sent_at + 1.5 * ttl):
+        _marks[line] = Mark(sent_at, ttl)
+
+
+def marked_now(line: Line) -> bool:
+    """Whether every row of ``line`` is surely marked now, by this process's own last mark
+    (rows added since aside): the UNMARKED try of a newcomer would be refused."""
+    mark = _marks.get(line)
+    return line.marked and mark is not None and time.monotonic() < mark.until
+
+
+def fresh_mark(line: Line, where: str | None, ttl: float, now: float) -> float | None:
+    """When this process last marked ``line``, if a place of ``ttl`` taken now need not mark it
+    again: the same ttl, and less than ``Place.MARK_AGAIN`` x ttl ago, exactly as a place that
+    marked then and renews now would not (so the mark outlasts the place the same way)."""
+    mark = _marks.get(line)
+    if where is None and mark is not None and mark.ttl == ttl and now - mark.at < Place.MARK_AGAIN * ttl:
+        return mark.at
+    return None
+
+
 def _enter(
     line: Line, *, holder: str, priority: int, where: str | None, ttl: float, waker: Waker, shared: bool = False
 ) -> Place:
@@ -147,11 +205,19 @@ def _enter(
     renewal starts at once."""
     _purge_now_and_then(line)
     sent_at = time.monotonic()
+    marked_at = fresh_mark(line, where, ttl, sent_at) if line.marked else None
+    mark = line.marked and marked_at is None
     place = ops(line.alias).enter_line(
-        line.kind, line.name, holder=holder, priority=priority, where=where, ttl=ttl, shared=shared, mark=line.marked
+        line.kind, line.name, holder=holder, priority=priority, where=where, ttl=ttl, shared=shared, mark=mark
     )
     stats.entered += 1
-    entered = Place(line, place, priority=priority, where=where, ttl=ttl, sent_at=sent_at, waker=waker)
+    if mark:
+        note_mark(line, where, sent_at, ttl)
+    else:
+        stats.marks_skipped += 1
+    entered = Place(
+        line, place, priority=priority, where=where, ttl=ttl, sent_at=sent_at, waker=waker, marked_at=marked_at
+    )
     renewal.renewer().add(entered)
     return entered
 
@@ -324,11 +390,16 @@ class Waiting:
 
     def steps(self) -> Generator[Step, Any, Any]:
         """The wait, step by step (see the module's docstring); returns the grant or None."""
-        result = yield Attempt(NEWCOMER if self.timeout == 0 else ARRIVING)
-        if result is not None or self.timeout == 0:
-            if result is not None:
-                stats.at_once += 1
-            return result
+        if self.timeout != 0 and marked_now(self.line):
+            # Every row of the line is marked (by this process's waiters, a moment ago): the
+            # newcomer's one try (UNMARKED) would be refused. Straight to a place.
+            stats.first_tries_skipped += 1
+        else:
+            result = yield Attempt(NEWCOMER if self.timeout == 0 else ARRIVING)
+            if result is not None or self.timeout == 0:
+                if result is not None:
+                    stats.at_once += 1
+                return result
         yield Call(self._listen)
         place = yield from self._take_place()
         if place is None:
@@ -485,6 +556,7 @@ class Wait(Generic[T]):
 def _after_fork_in_child() -> None:
     # The parent's waits are not the child's.
     _purged.clear()
+    _marks.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -275,3 +275,45 @@ def test_a_newcomer_never_overtakes_a_waiter_and_grants_ignoring_the_line_are_ca
         assert overtaken, f"a newcomer ignoring the line was not caught: {outcome}"
     else:
         assert outcome["event"] == "refused" and not overtaken, (outcome, overtaken)
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["marks", "negative-control"])
+def test_a_waiter_marks_its_line_again_once_its_processs_last_mark_has_run_out(
+    stale: bool, make_pool: Callable[..., Any], waiting: Callable[..., Waiting]
+) -> None:
+    """A process that marked its line a moment ago takes its next place without marking it
+    again, and a newcomer of that process that will wait goes straight to its place
+    (``line.fresh_mark``, ``line.marked_now``): fewer statements per hand-off. Its memory must
+    not outlive the marks. A waiter (ttl 1.5 s: marks last 3 s) waits once, is served, and
+    waits again 4 s later, when its first marks have run out; paused in line, the row is
+    released and a newcomer asks with ``timeout=0``. Marked again, the line keeps the row
+    for the waiter; trusting the old marks (``--stale-marks``) leaves the row unmarked, and
+    the newcomer's first try takes it over the waiter's head."""
+    make_pool("remarked", 1)
+    held = acquire("remarked", ttl=300)
+    extra = ("--ttl", "1.5", "--again-after", "4", *(["--stale-marks"] if stale else []))
+    waiter = waiting(*line_args("pool:remarked", *extra))
+    waiter.next("entered")
+    wait_for_places("remarked", "", 1)
+    assert held.release()
+    waiter.next("granted")  # and released at once; 4 s later it asks again
+    held = acquire("remarked", ttl=300, timeout=WAIT)
+    waiter.next("entered")
+    wait_for_places("remarked", "", 1)
+    waiter.kill(signal.SIGSTOP)
+    try:
+        assert held.release()
+        try:
+            newcomer = acquire("remarked", ttl=300, timeout=0)
+        except NoResourceAvailable:
+            newcomer = None
+    finally:
+        waiter.kill(signal.SIGCONT)
+    if newcomer is not None:
+        newcomer.release()
+    second = waiter.next("granted")
+    print(f"line-remark stale={stale} newcomer_granted={newcomer is not None} waiter_fence={second['fence']}")
+    if stale:
+        assert newcomer is not None, "the waiter's place without marks did not let the newcomer in: not caught"
+    else:
+        assert newcomer is None, f"the newcomer took the row over a waiter's head: fence {newcomer.fence}"

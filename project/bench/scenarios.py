@@ -58,6 +58,8 @@ class Plan:
     #: and whether the peers (ZooKeeper, python-redis-lock, redis-py) take part.
     waiting_duration: float = 5.0
     waiting_rounds: int = 2
+    #: Only these cases of the waiting scenario (None: every one; ``waiting.CASES``).
+    waiting_cases: tuple[str, ...] | None = None
     before: str | None = None
     peers: bool = True
 

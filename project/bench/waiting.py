@@ -160,6 +160,8 @@ def waiting(ctx: Any) -> dict[str, Any]:
     """Scenario "waiting" (see the module's docstring)."""
     plan = ctx.plan
     cases = SMOKE_CASES if plan.waiting_duration < 1 else CASES
+    if plan.waiting_cases is not None:
+        cases = {name: case for name, case in {**CASES, **SMOKE_CASES}.items() if name in plan.waiting_cases}
     zk = zookeeper(ctx.say) if plan.peers else None
     redis_url = ctx.redis_url if plan.peers else None
     names = contenders(before=plan.before is not None, zookeeper_up=zk is not None, redis_url=redis_url)

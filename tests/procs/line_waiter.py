@@ -1,12 +1,14 @@
 """A caller that waits in line, for the line-of-waiters tests (tests/test_line*.py).
 
     python -m tests.procs.line_waiter --what lock:NAME|pool:KIND|semaphore:NAME:SLOTS
-        [--once [--timeout T] | --seconds S] [--hold H] [--ttl T] [--priority P] [--where JSON] [--broken]
+        [--once [--timeout T] [--again-after A] | --seconds S] [--hold H] [--ttl T] [--priority P]
+        [--where JSON] [--broken | --serial | --stale-marks]
 
 Prints one JSON object per line: ``{"event": "ready"}`` once connected, ``entered`` (id, at)
 for each place in line it takes and has noted; with ``--once``, one
 wait for a grant, then ``granted`` (after holding ``--hold`` seconds it releases and exits), or ``refused`` if
-``--timeout`` passed first;
+``--timeout`` passed first (``--again-after A``: then, A seconds after the release, one
+more such wait);
 with ``--seconds``, ask, hold, release and ask again at once until the time is up, then one
 ``history`` event listing every acquisition. Each acquisition records, on this machine's
 monotonic clock (the same for every process): when the call started, the places in line it
@@ -19,6 +21,9 @@ true, its parameters still consumed, and a newcomer's first try blind to the wai
 UNMARKED always true), as the engine did before there was one. ``--serial``: the negative
 control of a pool's room (``statements.LINE_CLEAR``): a grant passes only if no waiter
 ahead could take the row, so the line's head is served alone, one row at a time.
+``--stale-marks``: the negative control of this process's memory of its marks
+(``line.fresh_mark``): a place is taken without marking the line whenever this process has
+marked it once, however long ago (the marks may have run out).
 """
 
 from __future__ import annotations
@@ -72,6 +77,14 @@ def serve_the_head_only() -> None:
         cls.templates = {**cls.templates, "LINE_CLEAR": SERIAL_LINE_CLEAR}
 
 
+def trust_stale_marks() -> None:
+    from resource_lease import line
+
+    line.fresh_mark = lambda line_, where, ttl, now: (  # type: ignore[assignment]
+        line._marks[line_].at if line_ in line._marks else None
+    )
+
+
 def record_places(places: list[dict[str, Any]]) -> None:
     """Note every place this process takes (its id, and when the insert returned)."""
     from resource_lease import line
@@ -113,12 +126,16 @@ def main() -> None:
     parser.add_argument("--serial", action="store_true", help="a pool's line serves its head only")
     parser.add_argument("--where", help="a JSON object: acquire(where=...)")
     parser.add_argument("--timeout", type=float, help="with --once: give up after this (default: wait)")
+    parser.add_argument("--again-after", type=float, help="with --once: wait once more, this long after the release")
+    parser.add_argument("--stale-marks", action="store_true", help="trust this process's marks however old")
     args = parser.parse_args()
     setup()
     if args.broken:
         break_the_line()
     if args.serial:
         serve_the_head_only()
+    if args.stale_marks:
+        trust_stale_marks()
     from resource_lease import LockHeld, NoResourceAvailable
     from resource_lease.db.connections import lease_connection
 
@@ -152,6 +169,10 @@ def main() -> None:
         entry["released"] = time.monotonic()
         lease.release()
         history.append(entry)
+        if args.once and args.again_after is not None:
+            time.sleep(args.again_after)
+            args.again_after = None
+            continue
         if args.once or time.monotonic() >= stop:
             break
     if not args.once:

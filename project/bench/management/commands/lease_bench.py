@@ -63,6 +63,17 @@ def _scenarios(text: str) -> list[str]:
     return names
 
 
+def _waiting_cases(text: str) -> tuple[str, ...]:
+    from project.bench.waiting import CASES, SMOKE_CASES
+
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    known = [*CASES, *SMOKE_CASES]
+    unknown = [name for name in names if name not in known]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown case {', '.join(unknown) or text!r}; choose from {', '.join(known)}")
+    return names
+
+
 def _contenders(text: str) -> tuple[str, ...]:
     names = tuple(part.strip() for part in text.split(",") if part.strip())
     unknown = [name for name in names if name not in CONTENDERS]
@@ -140,6 +151,11 @@ class Command(BaseCommand):
             "--waiting-seconds", type=_positive_float, help="waiting scenario: seconds per window (default 5)"
         )
         parser.add_argument(
+            "--waiting-cases",
+            type=_waiting_cases,
+            help="waiting scenario: only these cases, comma-separated (lock8, pool16x4, pool64x40; smoke: lock3, pool4x2)",
+        )
+        parser.add_argument(
             "--no-peers",
             action="store_true",
             help="waiting scenario: leave out ZooKeeper (kazoo) and the Redis locks",
@@ -159,6 +175,7 @@ class Command(BaseCommand):
             pool_sizes=options["pool_sizes"],
             contenders=options["contenders"],
             waiting_duration=options["waiting_seconds"],
+            waiting_cases=options["waiting_cases"],
             before=options["before"],
             peers=False if options["no_peers"] else None,
         )
