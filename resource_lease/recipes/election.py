@@ -399,13 +399,22 @@ class LeaderJob:
         try:
             lease = self._lead()
             if lease is None:
-                return self._otherwise()
+                record = self.record()
+                if record["leader"] is not None:
+                    return self._otherwise(record)
+                # Nobody leads now: the leadership lapsed between our try and the read (a
+                # leader that died). Try once more rather than tell of a leader that is gone.
+                lease = self._lead()
+                if lease is None:
+                    return self._otherwise()
             return self._run(lease, args, kwargs)
         finally:
             self._running.release()
 
-    def _otherwise(self) -> Any:
-        return None if self.otherwise is None else self.otherwise(self.record())
+    def _otherwise(self, record: dict[str, Any] | None = None) -> Any:
+        if self.otherwise is None:
+            return None
+        return self.otherwise(self.record() if record is None else record)
 
     def _lead(self) -> Lease | None:
         """Our leadership, renewed; won now if nobody holds it; else None."""
