@@ -405,6 +405,7 @@ class Waiting:
         if place is None:
             return None
         estimate = 0  # rows to free up before our turn, as last seen, less the wake-ups since
+        candidates: tuple[int, ...] = ()  # rows the last look saw free, for the try right after it
         look_at = 0.0  # look at once: the first attempt failed a moment ago
         try_now = False
         while True:
@@ -416,7 +417,8 @@ class Waiting:
             if try_now:
                 try_now = False
                 stats.attempts += 1
-                result = yield Attempt(place.turn)
+                result = yield Attempt(place.turn.trying(candidates))
+                candidates = ()
                 if result is not None:
                     return result
             now = time.monotonic()
@@ -432,8 +434,8 @@ class Waiting:
                 if look.free > look.ahead - look.filtered:
                     # A row this waiter may take is free, unless waiters ahead take it first
                     # (those with a where= of their own may not want it): try, the statement
-                    # decides.
-                    try_now = True
+                    # decides (on the rows the look listed, where it lists them).
+                    try_now, candidates = True, look.free_ids
                     continue
             until = look_at if self.deadline is None else min(look_at, self.deadline)
             woken = yield Pause(until - now)

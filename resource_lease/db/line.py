@@ -31,6 +31,13 @@ class Turn:
     #: A newcomer that will take a place if this try fails: it tries the UNMARKED form only
     #: (see ``forms``).
     will_wait: bool = False
+    #: Rows the caller's look has just seen free (``Look.free_ids``): a grant in the line form
+    #: that would read some free rows first (MySQL's ``acquire_in_line``) tries these instead.
+    candidates: tuple[int, ...] = ()
+
+    def trying(self, candidates: tuple[int, ...]) -> Turn:
+        """This turn, with the rows its look saw free to try first."""
+        return self if candidates == self.candidates else replace(self, candidates=candidates)
 
     def with_delay(self, lock_delay: float) -> Turn:
         """This turn, asking for ``lock_delay`` on its grant."""
@@ -91,6 +98,8 @@ class Look:
     free: int
     next_free_at: dt.datetime | None
     now: dt.datetime
+    #: Which rows were free, where the look lists them (MySQL: ``LOOK_FREE``); else empty.
+    free_ids: tuple[int, ...] = ()
 
 
 def key_paths(key: str) -> dict[str, str]:
@@ -260,11 +269,14 @@ class LineStatements:
             params = (me, *ahead, *ahead, kind, *own, kind)
         cursor.execute(sql, params)
         live, ahead_n, filtered, free, next_at, now = cursor.fetchall()[0]
+        # A count, or (LOOK_FREE listing them) the free rows' ids, comma-separated, or NULL.
+        ids = tuple(int(pk) for pk in free.split(",")) if isinstance(free, str) else ()
         return Look(
             live=bool(live),
             ahead=int(ahead_n),
             filtered=int(filtered),
-            free=int(free),
+            free=len(ids) if free is None or isinstance(free, str) else int(free),
             next_free_at=None if next_at is None else self.to_datetime(next_at),
             now=self.to_datetime(now),
+            free_ids=ids,
         )

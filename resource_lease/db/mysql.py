@@ -119,6 +119,15 @@ GRANT_LINE_NOWAIT = Returning(
     read_back="id = {p} AND grant_token = {p}",
 )
 
+# A look lists the free rows it counts (their ids, comma-separated; NULL for none), so that a
+# waiter's try right after it need not read them again (acquire_in_line): LOOK_FREE in
+# statements.py with GROUP_CONCAT for COUNT. group_concat_max_len is raised per session
+# (setup_session: 1024 bytes by default on MySQL, 20-digit ids overflow it at 52 rows).
+LOOK_FREE = (
+    "(SELECT GROUP_CONCAT(id) FROM (SELECT id FROM {table} {index_hint} WHERE {free} AND {delay_over}{own_filter}"
+    " LIMIT {limit}) f)"
+)
+
 # The probe's LAST_INSERT_ID (the packing above).
 PROBE_PACKED = (
     "(fence + 1) * {fence_unit} + took_over * {took_over_unit}"
@@ -188,6 +197,7 @@ TEMPLATES: dict[str, str | Returning] = {
     "GRANT_PROBE_NOWAIT": GRANT_PROBE_NOWAIT,
     "PROBE_READ_BACK": PROBE_READ_BACK,
     "LINE_PICKS": LINE_PICKS,
+    "LOOK_FREE": LOOK_FREE,
     "GRANT_LINE_NOWAIT": GRANT_LINE_NOWAIT,
     "RW_NEXT_FENCE": RW_NEXT_FENCE,
     "RW_READ": RW_READ,
@@ -271,7 +281,8 @@ class MySQLDialect(Dialect):
             # bounded lock wait keeps a renewal from hanging past its ttl
             # (innodb_lock_wait_timeout is 50 s by default: docs/pitfalls.md#lock-wait).
             cursor.execute(
-                "SET SESSION time_zone = '+00:00', SESSION innodb_lock_wait_timeout = %s",
+                "SET SESSION time_zone = '+00:00', SESSION innodb_lock_wait_timeout = %s,"
+                " SESSION group_concat_max_len = 65536",
                 (max(1, round(lock_wait_timeout)),),
             )
             cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
@@ -496,11 +507,15 @@ def acquire_in_line(
     dialect: MySQLDialect, cursor: Any, *, kind: str, grant: tuple[Any, ...], token: str, turn: Turn, where: str | None
 ) -> Row | None:
     """A grant in the line form, without the join of the scan (LINE_PICKS above): some free
-    rows read, then tried by primary key until one is granted."""
-    own = () if where is None else (where,)
-    sql = statements.fill(dialect.statement("LINE_PICKS", where), limit=str(LINE_PICK_LIMIT))
-    cursor.execute(sql, (kind, *own))
-    ids = [pk for (pk,) in cursor.fetchall()]
+    rows read (or those the caller's look listed: ``turn.candidates``), then tried by primary
+    key until one is granted."""
+    if turn.candidates:  # what the caller's look has just seen free (LOOK_FREE)
+        ids = list(turn.candidates)
+    else:
+        own = () if where is None else (where,)
+        sql = statements.fill(dialect.statement("LINE_PICKS", where), limit=str(LINE_PICK_LIMIT))
+        cursor.execute(sql, (kind, *own))
+        ids = [pk for (pk,) in cursor.fetchall()]
     random.shuffle(ids)
     grant_sql = dialect.statement("GRANT_LINE_NOWAIT" if dialect.mariadb else "GRANT_BY_ID", where)
     grantable = dialect.grantable(kind, turn, where)

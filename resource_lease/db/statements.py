@@ -264,10 +264,16 @@ LOOK_ANY = (
     " AND w.id <> {p} AND (w.priority > {p} OR (w.priority = {p} AND w.id < {p}))),"
     " (SELECT COUNT(*) FROM {waiters} w WHERE w.kind = {p} AND w.name = '' AND w.expires_at > {now}"
     " AND w.id <> {p} AND (w.priority > {p} OR (w.priority = {p} AND w.id < {p})) AND w.filter IS NOT NULL),"
-    " (SELECT COUNT(*) FROM (SELECT 1 FROM {table} {index_hint} WHERE {free} AND {delay_over}{own_filter}"
-    " LIMIT {limit}) f),"
+    " {look_free},"
     " (SELECT MIN(busy_before) FROM {table} WHERE kind = {p} AND busy_before > {now} AND enabled = {true}),"
     " {now}"
+)
+
+# The look's free rows the waiter could take, up to {limit}: how many (MySQL: which, LOOK_FREE
+# in db/mysql.py). ([where])
+LOOK_FREE = (
+    "(SELECT COUNT(*) FROM (SELECT 1 FROM {table} {index_hint} WHERE {free} AND {delay_over}{own_filter}"
+    " LIMIT {limit}) f)"
 )
 
 # The same for one named row (its line has no where= filters); the row frees up at the end of
@@ -342,6 +348,7 @@ TEMPLATES: dict[str, str | Returning] = {
     "LEAVE_LINE": LEAVE_LINE,
     "PURGE_LINE": PURGE_LINE,
     "LOOK_ANY": LOOK_ANY,
+    "LOOK_FREE": LOOK_FREE,
     "LOOK_NAMED": LOOK_NAMED,
     "LINE_WAITERS": LINE_WAITERS,
     **RW_TEMPLATES,
