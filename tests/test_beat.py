@@ -36,6 +36,7 @@ REDIS_URL = os.environ.get("RESOURCE_LEASE_TEST_BEAT_REDIS_URL", "redis://127.0.
 AMQP_URL = os.environ.get("RESOURCE_LEASE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 REQUIRE_RABBITMQ = os.environ.get("RESOURCE_LEASE_REQUIRE_RABBITMQ", "") not in ("", "0")
 TTL = 2.0
+IN_FLIGHT = 0.5  # seconds a message sent just before a kill may take to reach the consumer
 SLOW = 5.0
 
 
@@ -206,14 +207,18 @@ def test_one_beat_sends_each_tick_and_the_other_takes_over_after_a_kill(
     killed = run_and_kill_the_leader(broker, beats, tmp_path)
     ticks, slow = broker.of("tests.beat.tick"), broker.of("tests.beat.slow")
     old, new = ticks[0].pid, ticks[-1].pid
-    before = [s for s in ticks if s.at < killed]
-    after = [s for s in ticks if s.at > killed]
+    # By sender: a tick the leader sent just before it was killed reaches the test's consumer
+    # a moment after the kill (seen in CI: 0.01 s after).
+    before = [s for s in ticks if s.pid == old]
+    after = [s for s in ticks if s.pid != old]
     takeover = after[0].at - killed
     print(
         f"beat on {broker.url.split(':')[0]}: {len(before)} ticks before the kill, {len(after)} after; "
         f"take-over {takeover:.2f}s; tick gaps {gaps(ticks)}; slow gaps {gaps(slow)}"
     )
-    assert old != new and {s.pid for s in before} == {old} and {s.pid for s in after} == {new}
+    assert old != new and {s.pid for s in after} == {new}
+    assert before[-1].at < killed + IN_FLIGHT, "the killed beat's ticks kept arriving"
+    assert after[0].at > killed, "the other beat sent while the leader lived"
     span = before[-1].at - before[0].at
     assert len(before) <= span + 2, "more than one message per tick while both beats ran"
     assert len(before) >= 3
