@@ -503,12 +503,11 @@ def attempt_grant(
 
 
 def arrived_dead(lease: Lease) -> bool:
-    """Whether a grant's (or renewal's) answer came back after the lease's local deadline
-    (counted from when it was sent): the statement or
-    its answer was held up for longer than the ttl less the safety margin (a paused database
-    node that finishes the statement when it resumes, a stalled network). By the database's
-    clock the lease may have expired and the resource been granted again meanwhile, with a
-    higher fence (docs/pitfalls.md#late-answers)."""
+    """Whether a grant's (or renewal's) answer came back after the lease's local deadline,
+    counted from when it was sent: the statement or its answer was held up for longer than the
+    ttl less the safety margin (a paused database node that finishes the statement when it
+    resumes, a stalled network). By the database's clock the lease may have expired and the
+    resource been granted again meanwhile, with a higher fence (docs/pitfalls.md#late-answers)."""
     return lease.remaining() <= 0.0
 
 

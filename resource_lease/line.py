@@ -213,7 +213,7 @@ def _enter(
     stats.entered += 1
     if mark:
         note_mark(line, where, sent_at, ttl)
-    else:
+    elif line.marked:
         stats.marks_skipped += 1
     entered = Place(
         line, place, priority=priority, where=where, ttl=ttl, sent_at=sent_at, waker=waker, marked_at=marked_at
