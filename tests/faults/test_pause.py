@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 
 TTL = 1.5
 INTERVAL = TTL / 3  # RENEW_FRACTION
+TAKER_TTL = 60.0
 
 
 def _last_expiry(child: Child) -> tuple[Any, float]:
@@ -59,7 +60,10 @@ def test_paused_holder_is_taken_over_then_refused_and_notices(
         paused_at = a.stop()
         time.sleep(0.2)  # a statement already sent may still commit: only the process is paused
 
-        b, _, b_recv = poll_acquire("pause", ttl=TTL, timeout=2 * TTL + 10, holder=f"taker-{i}")
+        # The taker's own ttl plays no part in the takeover: long, so that it still holds the
+        # row when the round ends (the checks of the resumed holder below take more than
+        # TTL on a loaded machine: in CI its lease ran out before its fenced write).
+        b, _, b_recv = poll_acquire("pause", ttl=TAKER_TTL, timeout=2 * TTL + 10, holder=f"taker-{i}")
         takeovers.append(b_recv - paused_at)
         a_expiry, a_deadline = _last_expiry(a)
         row = b.resource
@@ -147,7 +151,7 @@ def test_paused_resource_holder_notices_and_moves_on(
     time.sleep(random.uniform(0, INTERVAL))
     paused_at = h.stop()
     time.sleep(0.2)
-    b, _, b_recv = poll_acquire("holder-pause", ttl=TTL, timeout=2 * TTL + 10, holder="taker")
+    b, _, b_recv = poll_acquire("holder-pause", ttl=TAKER_TTL, timeout=2 * TTL + 10, holder="taker")
     takeover = b_recv - paused_at
     a_expiry, a_deadline = _last_expiry(h)
     problems: list[str] = []
