@@ -53,34 +53,29 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def _scenarios(text: str) -> list[str]:
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [name for name in names if name not in SCENARIOS]
+def _names(text: str, known: Any, what: str) -> tuple[str, ...]:
+    """A comma-separated list of names, each one of ``known`` (argparse's error otherwise)."""
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [name for name in names if name not in known]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
-            f"unknown scenario {', '.join(unknown) or text!r}; choose from {', '.join(SCENARIOS)}"
+            f"unknown {what} {', '.join(unknown) or text!r}; choose from {', '.join(known)}"
         )
     return names
+
+
+def _scenarios(text: str) -> list[str]:
+    return list(_names(text, SCENARIOS, "scenario"))
 
 
 def _waiting_cases(text: str) -> tuple[str, ...]:
     from project.bench.waiting import CASES, SMOKE_CASES
 
-    names = tuple(part.strip() for part in text.split(",") if part.strip())
-    known = [*CASES, *SMOKE_CASES]
-    unknown = [name for name in names if name not in known]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown case {', '.join(unknown) or text!r}; choose from {', '.join(known)}")
-    return names
+    return _names(text, [*CASES, *SMOKE_CASES], "case")
 
 
 def _contenders(text: str) -> tuple[str, ...]:
-    names = tuple(part.strip() for part in text.split(",") if part.strip())
-    unknown = [name for name in names if name not in CONTENDERS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown contender {', '.join(unknown) or text!r}; choose from {', '.join(CONTENDERS)}"
-        )
+    names = _names(text, CONTENDERS, "contender")
     if "engine" not in names:
         raise argparse.ArgumentTypeError("the engine is what is measured: include 'engine'")
     return names
