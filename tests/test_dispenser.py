@@ -262,10 +262,12 @@ def test_the_claim_statement_reads_the_index_not_the_table(vendor: str) -> None:
 
 
 def test_own_items_come_first_even_when_newer() -> None:
-    d = Dispenser("order", ttl=1)
+    # A ttl long enough for one assign of four statements on a loaded machine (with 1 s, in CI,
+    # "mine" ran out between its reclaim and the read-back that answers the assign).
+    d = Dispenser("order", ttl=2)
     d.put(["old-1", "old-2"])
     d.assign("other", limit=2)  # the oldest items go to another worker...
     d.put(["mine"])
     assert [i.key for i in d.assign("me", limit=1)] == ["mine"]
-    time.sleep(1.2)  # ...which dies: its items are free again, and older than mine
+    time.sleep(2.1)  # ...which dies: its items are free again, and older than mine
     assert [i.key for i in d.assign("me", limit=3)] == ["mine", "old-1", "old-2"]

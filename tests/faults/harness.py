@@ -529,14 +529,19 @@ def exclusion_race(
     naive: bool = False,
     envs: Sequence[dict[str, str]] = ({},),
     ttl: float = 10.0,
+    enough: int = 30,
 ) -> tuple[Any, int]:
     """Race ``workers`` processes of the exclusion worker (tests/procs/exclusion.py) on ``kind``
     and judge their ledger with tests/ledger.py. ``envs`` (cycled) adds per-worker
-    environment, e.g. a skewed clock. Returns (verdict, number of workers that failed)."""
+    environment, e.g. a skewed clock. Each worker goes on past ``seconds`` until it recorded
+    its share of ``enough`` grants (on a loaded machine, slow starts ate into a fixed run).
+    Returns (verdict, number of workers that failed)."""
     from tests.conftest import worker_env
     from tests.ledger import check
 
+    share = -(-enough // workers)
     args = ["--kind", kind, "--dir", str(directory), "--seconds", str(seconds), "--ttl", str(ttl)]
+    args += ["--at-least", str(share)]
     procs = [
         spawn_worker(
             "tests.procs.exclusion",

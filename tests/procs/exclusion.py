@@ -1,6 +1,6 @@
 """A worker for the exclusion tests: take, run the ledger's unsafe critical section, record, let go.
 
-    python -m tests.procs.exclusion --kind K --dir D --seconds S [--hold H] [--ttl T] [--naive]
+    python -m tests.procs.exclusion --kind K --dir D --seconds S [--hold H] [--ttl T] [--naive] [--at-least N]
     python -m tests.procs.exclusion --lock N [--slots K] --dir D --seconds S [--hold H] [--naive]
 
 For S seconds, again and again: lease a resource of kind K (``acquire``), or take the lock N
@@ -84,6 +84,12 @@ def main() -> None:
     parser.add_argument("--hold", type=float, default=0.002)
     parser.add_argument("--ttl", type=float, default=10.0)
     parser.add_argument("--naive", action="store_true")
+    parser.add_argument(
+        "--at-least",
+        type=int,
+        default=0,
+        help="go on past --seconds (60 s more at most) until this worker has recorded this many grants",
+    )
     args = parser.parse_args()
     if args.slots and (args.kind or args.naive):
         parser.error("--slots goes with --lock, and has no --naive control")
@@ -94,7 +100,9 @@ def main() -> None:
 
     worker = str(os.getpid())
     deadline = time.monotonic() + args.seconds
-    while time.monotonic() < deadline:
+    cap = deadline + 60.0
+    grants = 0
+    while (now := time.monotonic()) < deadline or (grants < args.at_least and now < cap):
         if args.naive:
             got = naive_take(naive_rows(args), args.ttl, worker)
             if got is None:
@@ -102,6 +110,7 @@ def main() -> None:
                 continue
             pk, fence = got
             work_and_record(args.dir, worker, pk, fence, args.hold)
+            grants += 1
             naive_release(pk)
             continue
         try:
@@ -109,6 +118,7 @@ def main() -> None:
         except NoResourceAvailable:  # LockHeld too
             continue
         work_and_record(args.dir, worker, lease.resource.pk, lease.fence, args.hold)
+        grants += 1
         if not lease.release():
             raise SystemExit(f"release of {lease!r} refused: the lease was lost inside its ttl")
 
