@@ -439,7 +439,10 @@ def test_a_killed_worker_frees_its_resource_after_ttl_and_the_task_is_redelivere
     (resource,) = make_pool(KIND, 1)
     first = celery_worker(pool="solo", visibility_timeout=4)
     result = send(broker, first, "tests.hold", str(tmp_path), 0.2, 60.0)  # the first delivery holds 60 s
-    (marker,) = wait_for(lambda: markers(tmp_path, result.id), 60, "the task to start")
+    # The marker, or the result if the time limit killed the task before it wrote one.
+    wait_for(lambda: markers(tmp_path, result.id) or result.ready(), 60, "the task to start")
+    assert markers(tmp_path, result.id), f"the task ended before it wrote its marker: {result.state} {result.result!r}"
+    (marker,) = markers(tmp_path, result.id)
     dead_holder, dead_fence = marker.read_text().splitlines()[:2]
     second = None
     if is_rabbitmq(broker):
@@ -527,7 +530,10 @@ def test_a_hard_time_limit_leaves_the_resource_held_no_longer_than_ttl(
     (resource,) = make_pool(KIND, 1)
     worker = celery_worker(pool="prefork", concurrency=1)
     result = send(broker, worker, "tests.stuck", str(tmp_path))
-    (marker,) = wait_for(lambda: markers(tmp_path, result.id), 60, "the task to start")
+    # The marker, or the result if the time limit killed the task before it wrote one.
+    wait_for(lambda: markers(tmp_path, result.id) or result.ready(), 60, "the task to start")
+    assert markers(tmp_path, result.id), f"the task ended before it wrote its marker: {result.state} {result.result!r}"
+    (marker,) = markers(tmp_path, result.id)
     killed_holder, killed_fence = marker.read_text().splitlines()[:2]
 
     result.get(timeout=60, propagate=False)

@@ -445,22 +445,23 @@ def test_node_killed_or_paused_under_holders_then_rejoins(
     figures["listing_holder_kept_its_lease"] = bool(done and done[0]["held"])
     print(f"galera node {fault}: {verdict.summary()} {figures}")
     assert verdict.violations == 0, verdict.summary()
-    assert len(done) == 1, survivor_events
+    assert len(done) == 1, (survivor_events, figures)
     # The holder listing every node moves its renewals to another node and keeps its lease
     # (the usual outcome) or, when a renewal waited behind a row lock the dead node's in-flight
     # transaction left (up to LOCK_WAIT_TIMEOUT) on top of the eviction stall, loses it loudly:
     # with this test's short ttl either can happen; never is it both trusted and granted to
     # another (the ledger above).
     kept = done[0]["held"] and done[0]["released"]
-    assert kept or any(e["ev"] == "lost" for e in survivor_events), survivor_events
+    assert kept or any(e["ev"] == "lost" for e in survivor_events), (survivor_events, figures)
     print(f"galera node {fault}: the holder listing every node {'kept' if kept else 'lost (loudly)'} its lease")
-    assert any(e["ev"] == "lost" for e in single_events), single_events
-    assert regrant, "the resource of the holder whose only node died never came back"
-    assert moved, "no grant was made after the kill"
-    assert len(back) == len(cyclers), "a cycler never granted again after the kill"
+    assert any(e["ev"] == "lost" for e in single_events), (single_events, figures)
+    assert regrant, f"the resource of the holder whose only node died never came back: {figures}"
+    assert moved, f"no grant was made after the kill: {figures}"
+    assert len(back) == len(cyclers), f"a cycler never granted again after the kill: {back} {figures}"
     # Node 2 caught up: it has the same rows (holders, fences) as node 1.
     rows = "SELECT id, fence, holder, grant_token FROM resource_lease_resource ORDER BY id"
-    assert cluster.query(1, rows) == cluster.query(0, rows)
+    on_node_2, on_node_1 = cluster.query(1, rows), cluster.query(0, rows)
+    assert on_node_2 == on_node_1, f"node 2 did not catch up: {on_node_2} != {on_node_1}"
 
 
 def _wait_for(what: str, condition: Callable[[], bool], timeout: float = 60) -> None:
