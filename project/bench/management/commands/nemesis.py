@@ -53,6 +53,13 @@ class Command(BaseCommand):
             action="append",
             help="an alias of DATABASES or a URL (mysql://, postgres://, sqlite:///); repeatable; default: default",
         )
+        parser.add_argument(
+            "--objects",
+            type=positive_int,
+            default=None,
+            help="locks, semaphores, elections, groups or barriers (the lease: its pool size); "
+            "default processes / 2 (semaphores: processes / 2 slots; barriers: processes / size)",
+        )
         parser.add_argument("--ttl", type=positive, default=2.0)
         parser.add_argument("--hold", type=positive, default=0.01, help="seconds of work per trusted unit")
         parser.add_argument("--interval", type=positive, default=0.5, help="mean seconds between faults")
@@ -88,6 +95,7 @@ class Command(BaseCommand):
                     restart_every=options["restart_every"],
                     faults=tuple(options["faults"]),
                     seed=options["seed"],
+                    objects=options["objects"] or 0,
                 )
                 keep = options["keep"] / f"{target.key}-{primitive}" if options["keep"] else None
                 report = run(plan, alias=target.alias, url=url, label=target.label, keep=keep)
