@@ -503,7 +503,10 @@ def test_a_killed_pool_child_blocks_its_resource_until_ttl_and_the_worker_serves
         grants.append(victim.get(timeout=60))  # delivered again, and this time it completed
     else:
         victim.get(timeout=60, propagate=False)
-        assert victim.state == "FAILURE" and isinstance(victim.result, WorkerLostError), repr(victim.result)
+        if victim.state == "SUCCESS" and not is_rabbitmq(broker):
+            grants.append(victim.result)  # delivered again on Redis (see below), and completed
+        else:
+            assert victim.state == "FAILURE" and isinstance(victim.result, WorkerLostError), repr(victim.result)
     # The main process, having dealt with the loss, lives on and serves other tasks.
     assert send(broker, worker, "tests.plain_noop").get(timeout=30) != int(child)
     assert worker.proc.poll() is None
@@ -527,7 +530,7 @@ def test_a_killed_pool_child_blocks_its_resource_until_ttl_and_the_worker_serves
         if received == 2:
             print(f"{name}[{victim.id}] was delivered again after its pool child was killed")
             wait_for(lambda: f"Task {name}[{victim.id}] succeeded" in worker.text(), 60, "the second delivery to end")
-            again = 1
+            again = 0 if victim.state == "SUCCESS" else 1  # its grant is in ``grants`` already, or not
     verdict = check(tmp_path)
     assert verdict.grants == len(grants) + again and verdict.violations == 0, verdict.summary()
     assert state_of(resource)[0] == FREE
