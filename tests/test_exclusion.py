@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.ledger import check
+from tests.procs.exclusion import at_least
 
 WORKERS = 6
 RESOURCES = 3
@@ -13,7 +14,7 @@ RESOURCES = 3
 def race(spawn_worker, make_pool, tmp_path: Path, *, naive: bool, seconds: float) -> object:
     make_pool("race", RESOURCES)
     # Each worker records its share of the 30 grants the checks below need, however slowly it started.
-    args = ["--kind", "race", "--dir", str(tmp_path), "--seconds", str(seconds), "--at-least", str(-(-30 // WORKERS))]
+    args = ["--kind", "race", "--dir", str(tmp_path), "--seconds", str(seconds), *at_least(30, WORKERS)]
     procs = [spawn_worker("tests.procs.exclusion", *args, *(["--naive"] if naive else [])) for _ in range(WORKERS)]
     for proc in procs:
         assert proc.wait(timeout=seconds + 120) == 0

@@ -31,6 +31,7 @@ from resource_lease.recipes import locks as locks_module
 from resource_lease.recipes.locks import LOCK_KIND, semaphore_kind, slot_name
 from tests import ledger
 from tests.ledger import check
+from tests.procs.exclusion import at_least
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -195,7 +196,7 @@ def test_brand_new_lock_name_used_by_8_processes_at_once_has_one_winner(spawn_wo
 
 def ledger_race(spawn_worker, tmp_path: Path, *extra: str, workers: int, seconds: float) -> list[subprocess.Popen]:
     # Each worker records its share of the 10 grants the checks need, however slowly it started.
-    args = ["--dir", str(tmp_path), "--seconds", str(seconds), "--at-least", str(-(-10 // workers)), *extra]
+    args = ["--dir", str(tmp_path), "--seconds", str(seconds), *at_least(10, workers), *extra]
     procs = [spawn_worker("tests.procs.exclusion", *args) for _ in range(workers)]
     for proc in procs:
         assert proc.wait(timeout=seconds + 150) == 0

@@ -538,10 +538,10 @@ def exclusion_race(
     Returns (verdict, number of workers that failed)."""
     from tests.conftest import worker_env
     from tests.ledger import check
+    from tests.procs.exclusion import at_least
 
-    share = -(-enough // workers)
     args = ["--kind", kind, "--dir", str(directory), "--seconds", str(seconds), "--ttl", str(ttl)]
-    args += ["--at-least", str(share)]
+    args += at_least(enough, workers)
     procs = [
         spawn_worker(
             "tests.procs.exclusion",

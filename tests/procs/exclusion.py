@@ -24,6 +24,11 @@ from typing import Any
 from tests.procs import setup
 
 
+def at_least(enough: int, workers: int) -> list[str]:
+    """The ``--at-least`` arguments that give each of ``workers`` its share of ``enough`` grants."""
+    return ["--at-least", str(-(-enough // workers))]
+
+
 def naive_take(rows: Any, ttl: float, holder: str) -> tuple[int, int] | None:
     """Check-then-unconditional-update on one of ``rows``: two takers can both see a row
     free and both take it. Returns (pk, fence), or None if none looked free."""

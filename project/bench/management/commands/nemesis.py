@@ -56,7 +56,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--objects",
             type=positive_int,
-            default=None,
+            default=0,
             help="locks, semaphores, elections, groups or barriers (the lease: its pool size); "
             "default processes / 2 (semaphores: processes / 2 slots; barriers: processes / size)",
         )
@@ -95,7 +95,7 @@ class Command(BaseCommand):
                     restart_every=options["restart_every"],
                     faults=tuple(options["faults"]),
                     seed=options["seed"],
-                    objects=options["objects"] or 0,
+                    objects=options["objects"],
                 )
                 keep = options["keep"] / f"{target.key}-{primitive}" if options["keep"] else None
                 report = run(plan, alias=target.alias, url=url, label=target.label, keep=keep)
