@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import threading
 import time
@@ -137,10 +138,11 @@ def test_more_terms_than_one_read_of_the_log_are_all_reported_in_order() -> None
 
 
 def test_a_grant_lost_before_its_term_is_written_down_is_given_back_and_never_announced(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     from resource_lease.db.term_operations import TermOperations
 
+    caplog.set_level(logging.INFO, logger="resource_lease")
     monkeypatch.setattr(TermOperations, "record_term", lambda self, *a, **k: False)
     elected: list[Any] = []
     a = Election("lost", ttl=30, holder="a")
@@ -151,7 +153,9 @@ def test_a_grant_lost_before_its_term_is_written_down_is_given_back_and_never_an
     deadline = time.monotonic() + 10  # a keeper step running at stop() gives its grant back after it
     while a.leader() is not None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert elected == [] and a.leader() is None
+    # Seen once in a long run on PostgreSQL (not reproduced in 13 runs under a CPU burner):
+    # "a" still led 10 s after stop(). Should it fail again, say what the row and log held.
+    assert elected == [] and a.leader() is None, (elected, a.record(), caplog.text[-3000:])
 
 
 def test_on_deposed_is_on_revoked_by_another_name() -> None:
