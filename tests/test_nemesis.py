@@ -10,6 +10,8 @@ The long mode is ``manage.py nemesis --seconds N``; its figures are in docs/jeps
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.db import connection
 
@@ -82,3 +84,20 @@ def test_negative_control_broken_primitives_are_caught(primitive: str, caught: s
     )
     report = _run(plan)
     assert report.by_kind.get(caught), f"the broken {primitive} was not caught: {report.line()}"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({"primitive": "mutex"}, "primitive"),
+        ({"primitive": "lock", "faults": ("kill", "flood")}, "faults"),
+        ({"primitive": "lock", "processes": 1}, "processes"),
+        ({"primitive": "barrier", "processes": 2}, "processes"),
+        # 12 clients on 6 barriers of 3: two members each, no barrier ever fills (the run
+        # reported "no_progress" before this was refused).
+        ({"primitive": "barrier", "processes": 12, "objects": 6}, "objects"),
+    ],
+)
+def test_a_plan_that_cannot_run_is_refused_naming_the_argument(arguments: dict[str, Any], named: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{named}\b"):
+        Plan(seconds=1.0, **arguments)

@@ -63,6 +63,14 @@ class Plan:
             raise ValueError(f"processes: a barrier of size {self.size} needs at least {self.size}")
         if self.processes < 2:
             raise ValueError("processes: at least 2 (a race needs two)")
+        if self.primitive == "barrier" and self.objects and self.processes // self.objects < self.size:
+            # Clients are split between the barriers (client i enters barrier i % objects): a
+            # barrier with fewer members than its size never fills, and the run reports
+            # "no_progress" for a plan that could not make any.
+            raise ValueError(
+                f"objects: {self.objects} barriers of size {self.size} need at least"
+                f" {self.objects * self.size} processes, got {self.processes}"
+            )
         self.heal = self.heal or max(5.0, 3 * self.ttl)
         if self.settle < 0:
             self.settle = 2.5 * self.ttl + 1.0
