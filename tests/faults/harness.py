@@ -328,23 +328,40 @@ def _run(*argv: str, timeout: float = 60) -> None:
     subprocess.run(argv, check=True, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def server_answers(vendor: str) -> bool:
-    """Whether the local server of ``vendor`` accepts a connection and a query now."""
+#: The ports of the servers SERVICES.md describes (the ones CI uses). A server on another port
+#: is another instance on this machine (``manage.py nemesis`` with restarts, docs/jepsen.md):
+#: PostgreSQL's cluster is found by its port (``pg_lsclusters``); a MariaDB instance is
+#: restarted with the command line it runs with.
+DEFAULT_PORTS = {"mysql": 3306, "postgresql": 5432}
+
+#: A MariaDB instance's command line by port, read before it was shut down (to start it again).
+_mariadb_argv: dict[int, list[str]] = {}
+
+
+def _port(vendor: str, port: int | str | None) -> int:
+    return int(port) if port else DEFAULT_PORTS[vendor]
+
+
+def server_answers(vendor: str, port: int | str | None = None) -> bool:
+    """Whether the local server of ``vendor`` (on ``port``) accepts a connection and a query now."""
+    at = str(_port(vendor, port))
     if vendor == "mysql":
-        argv = ["mysqladmin", "-uroot", "-h127.0.0.1", "--connect-timeout=2", "ping"]
+        argv = ["mysqladmin", "-uroot", "-h127.0.0.1", "-P", at, "--connect-timeout=2", "ping"]
     else:
-        argv = ["psql", "-h127.0.0.1", "-Upostgres", "-d", "postgres", "-Atc", "SELECT 1"]
+        argv = ["psql", "-h127.0.0.1", "-p", at, "-Upostgres", "-d", "postgres", "-Atc", "SELECT 1"]
     env = dict(os.environ, PGCONNECT_TIMEOUT="2")
     result = subprocess.run(argv, capture_output=True, timeout=15, env=env, check=False)
     return result.returncode == 0
 
 
-def wait_until_answers(vendor: str, timeout: float = 120.0) -> float:
+def wait_until_answers(vendor: str, timeout: float = 120.0, port: int | str | None = None) -> float:
     """Wait until the server answers; return how long that took."""
     started = time.monotonic()
-    while not server_answers(vendor):
+    while not server_answers(vendor, port):
         if time.monotonic() - started > timeout:
-            raise AssertionError(f"the {vendor} server did not answer within {timeout:g}s")
+            raise AssertionError(
+                f"the {vendor} server on port {_port(vendor, port)} did not answer within {timeout:g}s"
+            )
         time.sleep(0.2)
     return time.monotonic() - started
 
@@ -353,46 +370,83 @@ def _pg_version() -> str:
     return sorted(os.listdir("/etc/postgresql"))[-1]
 
 
-def _mariadb_pid() -> int | None:
+def _pg_cluster(port: int) -> tuple[str, str]:
+    """The PostgreSQL cluster (version, name) that listens on ``port``."""
+    listing = subprocess.run(["pg_lsclusters", "-h"], capture_output=True, text=True, check=True, timeout=30)
+    for line in listing.stdout.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[2] == str(port):
+            return fields[0], fields[1]
+    raise AssertionError(f"no PostgreSQL cluster of this machine listens on port {port} (pg_lsclusters)")
+
+
+def _mariadb_pid(port: int = DEFAULT_PORTS["mysql"]) -> int | None:
+    """The pid of the MariaDB server on ``port``, from its pid file."""
+    if port == DEFAULT_PORTS["mysql"]:
+        pid_file = "/run/mysqld/mysqld.pid"
+    else:
+        asked = subprocess.run(
+            ["mysql", "-uroot", "-h127.0.0.1", "-P", str(port), "-NBe", "SELECT @@pid_file"],
+            capture_output=True, text=True, timeout=15, check=False,
+        )  # fmt: skip
+        pid_file = asked.stdout.strip()
+        if asked.returncode != 0 or not pid_file:
+            return None
     try:
-        pid = int(Path("/run/mysqld/mysqld.pid").read_text().strip())
+        pid = int(Path(pid_file).read_text().strip())
         os.kill(pid, 0)
     except (OSError, ValueError):
         return None
     return pid
 
 
-def start_server(vendor: str) -> None:
-    """Start the local server (the commands of SERVICES.md); no-op if it is running."""
+def start_server(vendor: str, port: int | str | None = None) -> None:
+    """Start the local server (the commands of SERVICES.md, or the instance on ``port``);
+    no-op if it is running."""
+    at = _port(vendor, port)
     if vendor == "mysql":
-        _run("start-stop-daemon", "--start", "--oknodo", "--background", "--exec", "/usr/sbin/mariadbd")
+        if at == DEFAULT_PORTS["mysql"]:
+            _run("start-stop-daemon", "--start", "--oknodo", "--background", "--exec", "/usr/sbin/mariadbd")
+            return
+        argv = _mariadb_argv.get(at)
+        if argv is None:
+            raise AssertionError(f"the MariaDB instance on port {at} is down and its command line is unknown")
+        # Detached, its output not ours (start-stop-daemon would find CI's mariadbd running).
+        quiet = subprocess.DEVNULL
+        subprocess.run(["setsid", "--fork", *argv], stdin=quiet, stdout=quiet, stderr=quiet, check=True, timeout=60)
     else:
-        _run("pg_ctlcluster", "--skip-systemctl-redirect", _pg_version(), "main", "start", timeout=120)
+        version, cluster = (_pg_version(), "main") if at == DEFAULT_PORTS["postgresql"] else _pg_cluster(at)
+        _run("pg_ctlcluster", "--skip-systemctl-redirect", version, cluster, "start", timeout=120)
 
 
-def restart_server(vendor: str) -> float:
-    """Stop and start the local server; return seconds until it answered again."""
+def restart_server(vendor: str, port: int | str | None = None) -> float:
+    """Stop and start the local server (on ``port``); return seconds until it answered again."""
     started = time.monotonic()
+    at = _port(vendor, port)
     if vendor == "mysql":
-        pid = _mariadb_pid()
-        _run("mysqladmin", "-uroot", "--protocol=socket", "shutdown", timeout=120)
+        pid = _mariadb_pid(at)
+        if pid is not None and at != DEFAULT_PORTS["mysql"]:
+            _mariadb_argv[at] = Path(f"/proc/{pid}/cmdline").read_bytes().decode().rstrip("\0").split("\0")
+        where = ["--protocol=socket"] if at == DEFAULT_PORTS["mysql"] else ["-h127.0.0.1", "-P", str(at)]
+        _run("mysqladmin", "-uroot", *where, "shutdown", timeout=120)
         while pid is not None and _pid_alive(pid):
             if time.monotonic() - started > 120:
-                raise AssertionError("mariadbd did not stop within 120s")
+                raise AssertionError(f"mariadbd (port {at}) did not stop within 120s")
             time.sleep(0.05)
-        start_server(vendor)
+        start_server(vendor, at)
     else:
-        _run("pg_ctlcluster", "--skip-systemctl-redirect", _pg_version(), "main", "restart", timeout=120)
-    wait_until_answers(vendor)
+        version, cluster = (_pg_version(), "main") if at == DEFAULT_PORTS["postgresql"] else _pg_cluster(at)
+        _run("pg_ctlcluster", "--skip-systemctl-redirect", version, cluster, "restart", timeout=120)
+    wait_until_answers(vendor, port=at)
     return time.monotonic() - started
 
 
-def ensure_server_up(vendor: str) -> None:
+def ensure_server_up(vendor: str, port: int | str | None = None) -> None:
     """Bring the server back whatever happened (called from ``finally``)."""
-    if server_answers(vendor):
+    if server_answers(vendor, port):
         return
-    start_server(vendor)
-    wait_until_answers(vendor)
+    start_server(vendor, port)
+    wait_until_answers(vendor, port=port)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -193,11 +193,12 @@ class Nemesis:
 
     def _restart(self) -> bool:
         vendor = connections[self.alias].vendor
+        port = connections[self.alias].settings_dict.get("PORT") or None  # another instance than CI's
         down = time.monotonic_ns()
         try:
-            restart_server(vendor)
+            restart_server(vendor, port)
         finally:
-            ensure_server_up(vendor)
+            ensure_server_up(vendor, port)
             self.log.down.append((down, time.monotonic_ns()))
             self.last_restart = time.monotonic()
             connections[self.alias].close()
