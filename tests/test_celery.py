@@ -150,6 +150,11 @@ def is_rabbitmq(broker: Celery) -> bool:
     return str(broker.conf.broker_url).startswith("amqp")
 
 
+def unacked_keys(queue: str) -> dict[str, str]:
+    """kombu's Redis keys of the unacked messages (transport options), one set per queue."""
+    return {f"{name}_key": f"{name}-{queue}" for name in ("unacked", "unacked_index", "unacked_mutex")}
+
+
 @pytest.fixture
 def celery_worker(tmp_path: Path, broker: Celery) -> Iterator[Callable[..., Worker]]:
     """``celery_worker(pool=..., concurrency=..., visibility_timeout=...)`` on this test's queue."""
@@ -158,12 +163,21 @@ def celery_worker(tmp_path: Path, broker: Celery) -> Iterator[Callable[..., Work
 
     def start(pool: str = "prefork", concurrency: int = 2, visibility_timeout: float | None = None) -> Worker:
         options: dict[str, Any] = {}
+        if not is_rabbitmq(broker):
+            # kombu keeps the unacked messages of every worker on a Redis database in one
+            # index, and each worker's sweep restores those older than *its*
+            # visibility_timeout: a worker of another test (another backend's run, at the same
+            # moment) with a 4 s timeout once delivered this test's task again, its pool
+            # child killed and not yet reported lost (docs/celery.md#shared-unacked-index).
+            # The index of each test's workers is their own.
+            options = unacked_keys(queue)
         if visibility_timeout is not None and not is_rabbitmq(broker):
             # Redelivery of a dead worker's unacked task after visibility_timeout, swept for
             # every second (kombu's default sweep is every 100 s). RabbitMQ has no such
             # timeout: it requeues a consumer's unacked messages when its connection drops.
-            options = {"visibility_timeout": visibility_timeout, "unacked_restore_interval": 1}
-            options["unacked_restore_throttle"] = 1
+            options.update(
+                visibility_timeout=visibility_timeout, unacked_restore_interval=1, unacked_restore_throttle=1
+            )
         worker = Worker(broker, queue, tmp_path / f"worker{len(workers)}.log", pool, concurrency, options)
         workers.append(worker)
         return worker
@@ -178,7 +192,7 @@ def celery_worker(tmp_path: Path, broker: Celery) -> Iterator[Callable[..., Work
     else:
         import redis
 
-        redis.Redis.from_url(REDIS_URL).delete(queue)
+        redis.Redis.from_url(REDIS_URL).delete(queue, *unacked_keys(queue).values())
 
 
 def send(broker: Celery, worker: Worker, name: str, *args: Any) -> Any:
@@ -503,10 +517,7 @@ def test_a_killed_pool_child_blocks_its_resource_until_ttl_and_the_worker_serves
         grants.append(victim.get(timeout=60))  # delivered again, and this time it completed
     else:
         victim.get(timeout=60, propagate=False)
-        if victim.state == "SUCCESS" and not is_rabbitmq(broker):
-            grants.append(victim.result)  # delivered again on Redis (see below), and completed
-        else:
-            assert victim.state == "FAILURE" and isinstance(victim.result, WorkerLostError), repr(victim.result)
+        assert victim.state == "FAILURE" and isinstance(victim.result, WorkerLostError), repr(victim.result)
     # The main process, having dealt with the loss, lives on and serves other tasks.
     assert send(broker, worker, "tests.plain_noop").get(timeout=30) != int(child)
     assert worker.proc.poll() is None
@@ -518,21 +529,9 @@ def test_a_killed_pool_child_blocks_its_resource_until_ttl_and_the_worker_serves
     assert busy_attempts(worker, rival.id) + busy_attempts(worker, victim.id) >= 1, "no one found it held?"
 
     received = worker.text().count(f"Task {name}[{victim.id}] received")
-    again = 0  # deliveries beyond the first that ran to the end outside ``grants``
-    if requeue:
-        assert received >= 2, f"{name} received {received} times"
-    else:
-        # acks_late alone: Celery acknowledges the message of a lost child. On Redis it was once
-        # delivered again all the same, under CI's load (Celery 5.7, kombu's Redis transport:
-        # the main process logged the SIGKILL 5 s late, 0.16 s after the message came back;
-        # cause not found). Tolerated there: the ledger below still judges every grant.
-        assert received == 1 or (received == 2 and not is_rabbitmq(broker)), f"{name} received {received} times"
-        if received == 2:
-            print(f"{name}[{victim.id}] was delivered again after its pool child was killed")
-            wait_for(lambda: f"Task {name}[{victim.id}] succeeded" in worker.text(), 60, "the second delivery to end")
-            again = 0 if victim.state == "SUCCESS" else 1  # its grant is in ``grants`` already, or not
+    assert received >= 2 if requeue else received == 1, f"{name} received {received} times"
     verdict = check(tmp_path)
-    assert verdict.grants == len(grants) + again and verdict.violations == 0, verdict.summary()
+    assert verdict.grants == len(grants) and verdict.violations == 0, verdict.summary()
     assert state_of(resource)[0] == FREE
     assert worker.stop() == 0
 
