@@ -10,6 +10,7 @@ The long mode is ``manage.py nemesis --seconds N``; its figures are in docs/jeps
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import pytest
@@ -101,3 +102,19 @@ def test_negative_control_broken_primitives_are_caught(primitive: str, caught: s
 def test_a_plan_that_cannot_run_is_refused_naming_the_argument(arguments: dict[str, Any], named: str) -> None:
     with pytest.raises(ValueError, match=rf"^{named}\b"):
         Plan(seconds=1.0, **arguments)
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--primitive", "mutex"], "unknown primitive 'mutex'"),
+        (["--primitive", "lock", "--faults", "kill,flood"], "unknown fault 'flood'"),
+        (["--primitive", "lock", "--processes", "0"], "--processes"),
+        (["--primitive", "barrier", "--processes", "12", "--objects", "6"], "objects: 6 barriers of size 3"),
+    ],
+)
+def test_the_commands_bad_options_are_refused_naming_them(args: list[str], named: str) -> None:
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match=named):
+        call_command("nemesis", "--seconds", "1", *args, stdout=io.StringIO())

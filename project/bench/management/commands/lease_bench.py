@@ -18,6 +18,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
+from project.arguments import names
 from project.bench import report, vendor
 from project.bench.baselines import CONTENDERS
 from project.bench.scenarios import FULL, SCENARIOS, SMOKE, Context
@@ -53,32 +54,21 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def _names(text: str, known: Any, what: str) -> tuple[str, ...]:
-    """A comma-separated list of names, each one of ``known`` (argparse's error otherwise)."""
-    names = tuple(part.strip() for part in text.split(",") if part.strip())
-    unknown = [name for name in names if name not in known]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown {what} {', '.join(unknown) or text!r}; choose from {', '.join(known)}"
-        )
-    return names
-
-
 def _scenarios(text: str) -> list[str]:
-    return list(_names(text, SCENARIOS, "scenario"))
+    return list(names(text, SCENARIOS, "scenario"))
 
 
 def _waiting_cases(text: str) -> tuple[str, ...]:
     from project.bench.waiting import CASES, SMOKE_CASES
 
-    return _names(text, [*CASES, *SMOKE_CASES], "case")
+    return names(text, [*CASES, *SMOKE_CASES], "case")
 
 
 def _contenders(text: str) -> tuple[str, ...]:
-    names = _names(text, CONTENDERS, "contender")
-    if "engine" not in names:
+    chosen = names(text, CONTENDERS, "contender")
+    if "engine" not in chosen:
         raise argparse.ArgumentTypeError("the engine is what is measured: include 'engine'")
-    return names
+    return chosen
 
 
 class Command(BaseCommand):

@@ -17,23 +17,17 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
-from project.arguments import positive, positive_int
+from project.arguments import names, positive, positive_int
 from project.bench.nemesis.runner import FAULTS, PRIMITIVES, Plan, run
 from project.bench.targets import resolve, url_from_alias
 
 
-def _names(choices: tuple[str, ...]) -> Any:
-    def parse(text: str) -> list[str]:
-        if text.strip() == "all":
-            return list(choices)
-        names = [part.strip() for part in text.split(",") if part.strip()]
-        unknown = [name for name in names if name not in choices]
-        if unknown or not names:
-            raise ValueError(text)
-        return names
+def _primitives(text: str) -> list[str]:
+    return list(names(text, PRIMITIVES, "primitive", every="all"))
 
-    parse.__name__ = "list"
-    return parse
+
+def _faults(text: str) -> list[str]:
+    return list(names(text, FAULTS, "fault"))
 
 
 class Command(BaseCommand):
@@ -42,7 +36,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--primitive",
-            type=_names(PRIMITIVES),
+            type=_primitives,
             required=True,
             help=f"one or more of {','.join(PRIMITIVES)} (comma-separated), or all",
         )
@@ -64,13 +58,30 @@ class Command(BaseCommand):
         parser.add_argument("--hold", type=positive, default=0.01, help="seconds of work per trusted unit")
         parser.add_argument("--interval", type=positive, default=0.5, help="mean seconds between faults")
         parser.add_argument("--restart-every", type=positive, default=60.0, help="seconds between server restarts")
-        parser.add_argument("--faults", type=_names(FAULTS), default=list(FAULTS), help=",".join(FAULTS))
+        parser.add_argument("--faults", type=_faults, default=list(FAULTS), help=",".join(FAULTS))
         parser.add_argument("--seed", type=int, default=None)
         parser.add_argument("--keep", type=Path, default=None, help="keep the histories in this directory")
         parser.add_argument("--json", action="store_true", help="print the reports as JSON")
 
     def handle(self, *args: Any, **options: Any) -> None:
         primitives = options["primitive"]
+        plans = {}
+        for primitive in primitives:  # every plan checked before a database is touched
+            try:
+                plans[primitive] = Plan(
+                    primitive=primitive,
+                    seconds=options["seconds"],
+                    processes=options["processes"],
+                    ttl=options["ttl"],
+                    hold=options["hold"],
+                    interval=options["interval"],
+                    restart_every=options["restart_every"],
+                    faults=tuple(options["faults"]),
+                    seed=options["seed"],
+                    objects=options["objects"],
+                )
+            except ValueError as exc:
+                raise CommandError(f"--primitive {primitive}: {exc}") from exc
         targets = []
         for item in options["database"] or ["default"]:
             try:
@@ -84,19 +95,7 @@ class Command(BaseCommand):
         reports = []
         for target in targets:
             url = target.url or url_from_alias(target.alias)
-            for primitive in primitives:
-                plan = Plan(
-                    primitive=primitive,
-                    seconds=options["seconds"],
-                    processes=options["processes"],
-                    ttl=options["ttl"],
-                    hold=options["hold"],
-                    interval=options["interval"],
-                    restart_every=options["restart_every"],
-                    faults=tuple(options["faults"]),
-                    seed=options["seed"],
-                    objects=options["objects"],
-                )
+            for primitive, plan in plans.items():
                 keep = options["keep"] / f"{target.key}-{primitive}" if options["keep"] else None
                 report = run(plan, alias=target.alias, url=url, label=target.label, keep=keep)
                 reports.append(report)
