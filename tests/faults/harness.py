@@ -406,12 +406,18 @@ def start_server(vendor: str, port: int | str | None = None) -> None:
     at = _port(vendor, port)
     if vendor == "mysql":
         if at == DEFAULT_PORTS["mysql"]:
-            _run("start-stop-daemon", "--start", "--oknodo", "--background", "--exec", "/usr/sbin/mariadbd")
+            # By its pid file: another mariadbd on this machine (a Galera test node, the
+            # nemesis's instance on 3307) must not pass for this one.
+            _run(
+                "start-stop-daemon", "--start", "--oknodo", "--background",
+                "--pidfile", "/run/mysqld/mysqld.pid", "--exec", "/usr/sbin/mariadbd",
+            )  # fmt: skip
             return
         argv = _mariadb_argv.get(at)
         if argv is None:
             raise AssertionError(f"the MariaDB instance on port {at} is down and its command line is unknown")
-        # Detached, its output not ours (start-stop-daemon would find CI's mariadbd running).
+        # Detached, its output not ours (start-stop-daemon's --pidfile check needs a pid file
+        # the instance may not name).
         quiet = subprocess.DEVNULL
         subprocess.run(["setsid", "--fork", *argv], stdin=quiet, stdout=quiet, stderr=quiet, check=True, timeout=60)
     else:
