@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from html import unescape
 from typing import Any
 
@@ -13,6 +12,7 @@ from django.conf import settings
 from django.contrib.admin import site
 from django.contrib.admin.models import LogEntry
 from django.db import connection
+from django.db.models import F
 from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 
@@ -60,11 +60,14 @@ def pool(make_pool: Any) -> dict[str, Any]:
     make_pool("proxy", 4)
     make_pool("gpu", 1)
     Resource.objects.filter(name="proxy-0").update(data={"url": "socks5://alice:hunter2@10.0.0.1:1080"})
-    for name, holder, ttl in (("proxy-3", "vanished", 0.2), ("proxy-0", "crawler-1", 120)):
+    for name, holder, ttl in (("proxy-3", "vanished", 60), ("proxy-0", "crawler-1", 120)):
         Resource.objects.exclude(name=name).update(enabled=False)  # steer the acquire
         lease = acquire("proxy", ttl=ttl, holder=holder)
         Resource.objects.update(enabled=True)
-    time.sleep(0.4)  # proxy-3's lease runs out
+    # proxy-3's lease ran out unreleased: its expiry set back to its grant (the database's
+    # clock). Not a 0.2 s ttl: on a loaded machine its grant answered in 0.24 s, too late to be
+    # trusted, and acquire() rightly handed nothing out (docs/pitfalls.md#late-answers).
+    Resource.objects.filter(name="proxy-3").update(busy_before=F("acquired_at"))
     quarantine(Resource.objects.filter(name="proxy-1"), reason="slow exit", seconds=3600)
     return {"lease": lease}
 
