@@ -371,7 +371,10 @@ def _pg_version() -> str:
 
 
 def _pg_cluster(port: int) -> tuple[str, str]:
-    """The PostgreSQL cluster (version, name) that listens on ``port``."""
+    """The PostgreSQL cluster (version, name) that listens on ``port``: CI's own on the
+    default port, whatever ``pg_lsclusters`` says (it may not list a cluster that is down)."""
+    if port == DEFAULT_PORTS["postgresql"]:
+        return _pg_version(), "main"
     listing = subprocess.run(["pg_lsclusters", "-h"], capture_output=True, text=True, check=True, timeout=30)
     for line in listing.stdout.splitlines():
         fields = line.split()
@@ -421,7 +424,7 @@ def start_server(vendor: str, port: int | str | None = None) -> None:
         quiet = subprocess.DEVNULL
         subprocess.run(["setsid", "--fork", *argv], stdin=quiet, stdout=quiet, stderr=quiet, check=True, timeout=60)
     else:
-        version, cluster = (_pg_version(), "main") if at == DEFAULT_PORTS["postgresql"] else _pg_cluster(at)
+        version, cluster = _pg_cluster(at)
         _run("pg_ctlcluster", "--skip-systemctl-redirect", version, cluster, "start", timeout=120)
 
 
@@ -441,7 +444,7 @@ def restart_server(vendor: str, port: int | str | None = None) -> float:
             time.sleep(0.05)
         start_server(vendor, at)
     else:
-        version, cluster = (_pg_version(), "main") if at == DEFAULT_PORTS["postgresql"] else _pg_cluster(at)
+        version, cluster = _pg_cluster(at)
         _run("pg_ctlcluster", "--skip-systemctl-redirect", version, cluster, "restart", timeout=120)
     wait_until_answers(vendor, port=at)
     return time.monotonic() - started
