@@ -165,7 +165,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     shard, phase = sharding.from_environment()
     if shard is None and phase is None:
         return
-    kept, dropped = sharding.select(list(items), shard, phase)
+    kept, dropped = sharding.select(list(items), shard, phase, sharding.BACKENDS[connection.vendor])
     items[:] = kept  # type: ignore[assignment]
     if dropped:
         config.hook.pytest_deselected(items=dropped)

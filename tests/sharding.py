@@ -3,9 +3,12 @@ shards that run at the same time, each in its own database (``RESOURCE_LEASE_TES
 and which wait for a phase of their own (``RESOURCE_LEASE_TEST_PHASE``).
 
 - Files, not tests, are dealt out: a file's fixtures (a Galera cluster, a Celery worker) are
-  set up once, in one run. Files are dealt by their weight (seconds per file in the last full
-  CI run, the slowest backend's: ``shard_weights.json``; a new file counts as ``NEW_FILE``),
-  heaviest first, each to the lightest shard so far: the same deal in every run.
+  set up once, in one run. Files are dealt by their weight on the run's backend (seconds per
+  file in the last full CI run, per backend: ``shard_weights.json``; a file this backend has
+  no figure for counts as ``NEW_FILE``), heaviest first, each to the lightest shard so far:
+  the same deal in every run of a backend. Per backend, because files weigh very differently
+  on each: the Galera and partition tests run on MariaDB only, and dealt by their MariaDB
+  weight they left one PostgreSQL shard some four minutes lighter than the other.
 - ``TOGETHER``: files that share something outside their database (the Galera test cluster's
   ports and data directory; many client processes and their connections at once, which two
   shards together would run past PostgreSQL's 100 connections) go to one shard, one after
@@ -17,7 +20,7 @@ and which wait for a phase of their own (``RESOURCE_LEASE_TEST_PHASE``).
 Without ``RESOURCE_LEASE_TEST_SHARD`` every test runs (``scripts/test -- ...``, plain pytest).
 
     python -m tests.sharding weights var/test-logs/*.xml   # rewrite shard_weights.json from a run
-    python -m tests.sharding show 2                         # the deal, and each shard's weight
+    python -m tests.sharding show 2                         # each backend's deal, and its shards' weights
 """
 
 from __future__ import annotations
@@ -42,13 +45,21 @@ PHASES = ("main", "restarts")
 MARKER = "restarts_server"
 
 
-def weights() -> dict[str, float]:
-    return {str(k): float(v) for k, v in json.loads(WEIGHTS.read_text()).items()}
+#: The backends' names as ``scripts/test`` names its runs (their junit files), by Django vendor.
+BACKENDS = {"mysql": "mariadb", "postgresql": "postgresql", "sqlite": "sqlite"}
 
 
-def deal(files: Iterable[str], shards: int, known: dict[str, float] | None = None) -> dict[str, int]:
-    """Each file's shard (0 .. shards - 1): heaviest unit first, to the lightest shard."""
-    known = weights() if known is None else known
+def weights(backend: str) -> dict[str, float]:
+    """Seconds per test file on ``backend`` (``BACKENDS``' values) in the last full run."""
+    if backend not in BACKENDS.values():
+        raise ValueError(f"backend must be one of {', '.join(sorted(BACKENDS.values()))}, got {backend!r}")
+    per_backend = json.loads(WEIGHTS.read_text())
+    return {str(k): float(v) for k, v in per_backend.get(backend, {}).items()}
+
+
+def deal(files: Iterable[str], shards: int, known: dict[str, float]) -> dict[str, int]:
+    """Each file's shard (0 .. shards - 1) by the weights ``known``: heaviest unit first, to
+    the lightest shard."""
     files = sorted(set(files))
     units: list[tuple[str, ...]] = []
     grouped = set()
@@ -84,8 +95,10 @@ def relative(path: Path | str) -> str:
     return Path(path).resolve().relative_to(ROOT).as_posix()
 
 
-def select(items: list[object], shard: str | None, phase: str | None) -> tuple[list[object], list[object]]:
-    """(kept, deselected) among pytest's ``items`` for this run's shard and phase."""
+def select(
+    items: list[object], shard: str | None, phase: str | None, backend: str = "sqlite"
+) -> tuple[list[object], list[object]]:
+    """(kept, deselected) among pytest's ``items`` for this run's shard and phase on ``backend``."""
     if phase is not None and phase not in PHASES:
         raise ValueError(f"RESOURCE_LEASE_TEST_PHASE must be one of {', '.join(PHASES)}, got {phase!r}")
     kept, dropped = [], []
@@ -93,7 +106,7 @@ def select(items: list[object], shard: str | None, phase: str | None) -> tuple[l
     index = 0
     if shard:
         index, count = parse_shard(shard)
-        where = deal({relative(item.path) for item in items}, count)  # type: ignore[attr-defined]
+        where = deal({relative(item.path) for item in items}, count, weights(backend))  # type: ignore[attr-defined]
     for item in items:
         restarts = item.get_closest_marker(MARKER) is not None  # type: ignore[attr-defined]
         ok = True
@@ -105,16 +118,24 @@ def select(items: list[object], shard: str | None, phase: str | None) -> tuple[l
     return kept, dropped
 
 
-def junit_weights(paths: Iterable[str]) -> dict[str, float]:
-    """Seconds per test file in these junit files, the largest over them (one per backend)."""
-    most: dict[str, float] = {}
+def junit_weights(paths: Iterable[str]) -> dict[str, dict[str, float]]:
+    """Seconds per test file and backend in these junit files (``<backend>[-<shard>].xml``, as
+    ``scripts/test`` names them): a file's seconds in the runs of its backend's main phase
+    (the phase that is dealt; ``-restarts`` runs are left out), added."""
+    per: dict[str, Counter[str]] = {}
     for path in paths:
-        per: Counter[str] = Counter()
+        if Path(path).stem.endswith("-restarts"):
+            continue
+        backend = Path(path).stem.split("-")[0]
+        if backend not in BACKENDS.values():
+            raise ValueError(f"{path}: not a backend's junit file (<backend>[-<shard>].xml)")
+        counter = per.setdefault(backend, Counter())
         for case in ET.parse(path).iter("testcase"):
-            per[case.get("classname", "").replace(".", "/") + ".py"] += float(case.get("time") or 0)
-        for name, seconds in per.items():
-            most[name] = max(most.get(name, 0.0), seconds)
-    return {name: round(seconds, 1) for name, seconds in sorted(most.items())}
+            counter[case.get("classname", "").replace(".", "/") + ".py"] += float(case.get("time") or 0)
+    return {
+        backend: {name: round(seconds, 1) for name, seconds in sorted(counter.items())}
+        for backend, counter in sorted(per.items())
+    }
 
 
 def from_environment() -> tuple[str | None, str | None]:
@@ -131,12 +152,15 @@ def main(argv: list[str]) -> int:
         WEIGHTS.write_text(json.dumps(junit_weights(argv[1:]), indent=0, sort_keys=True) + "\n")
         return 0
     if argv[:1] == ["show"] and len(argv) == 2:
-        known = weights()
         files = sorted(relative(p) for p in (ROOT / "tests").rglob("test_*.py"))
-        where = deal(files, int(argv[1]), known)
-        for shard in range(int(argv[1])):
-            mine = [f for f in files if where[f] == shard]
-            print(f"shard {shard + 1}: {sum(known.get(f, NEW_FILE) for f in mine):.0f}s, {len(mine)} files")
+        for backend in sorted(BACKENDS.values()):
+            known = weights(backend)
+            where = deal(files, int(argv[1]), known)
+            for shard in range(int(argv[1])):
+                mine = [f for f in files if where[f] == shard]
+                print(
+                    f"{backend} shard {shard + 1}: {sum(known.get(f, NEW_FILE) for f in mine):.0f}s, {len(mine)} files"
+                )
         return 0
     print(__doc__, file=sys.stderr)
     return 2
