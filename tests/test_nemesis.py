@@ -11,12 +11,15 @@ The long mode is ``manage.py nemesis --seconds N``; its figures are in docs/jeps
 from __future__ import annotations
 
 import io
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import connection
 
 from project.bench.nemesis.runner import PRIMITIVES, Plan, Report, run
+from project.bench.nemesis.tally import tally
 from project.bench.targets import url_from_alias
 from tests.short_mode import once_across_backends
 
@@ -118,3 +121,25 @@ def test_the_commands_bad_options_are_refused_naming_them(args: list[str], named
 
     with pytest.raises(CommandError, match=named):
         call_command("nemesis", "--seconds", "1", *args, stdout=io.StringIO())
+
+
+def test_the_tally_adds_up_the_runs_of_a_primitive_and_refuses_what_is_not_a_report(tmp_path: Path) -> None:
+    base = {"primitive": "semaphore", "database": "PostgreSQL 15", "seconds": 600.0, "processes": 12, "ttl": 1.0}
+    runs = [
+        {**base, "elapsed": 610.4, "operations": 100, "grants": 90, "units": 180, "losses": 3, "violations": 0,
+         "served_in_tail": "12/12", "faults": {"cut": 1, "kill": 2, "restart": 0, "skew": 3, "stop": 4}},
+        {**base, "elapsed": 620.0, "operations": 1000, "grants": 900, "units": 1800, "losses": 30, "violations": 0,
+         "served_in_tail": "12/12", "faults": {"cut": 10, "kill": 20, "restart": 9, "skew": 30, "stop": 40}},
+    ]  # fmt: skip
+    paths = []
+    for i, run_report in enumerate(runs):
+        paths.append(tmp_path / f"semaphore-postgres-{i}.json")
+        paths[-1].write_text(json.dumps([run_report]))
+    (row,) = (total.row(*key) for key, total in tally(paths).items())
+    assert row == (
+        "| semaphore | PostgreSQL 15 | 2 | 1,230 | 990 | 1,100 | 1,980 | 11, 22, 9, 33, 44 | 33 | 12/12 in each | **0** |"
+    )
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps([{"primitive": "lock"}]))
+    with pytest.raises(ValueError, match="broken.json: not a nemesis report"):
+        tally([broken])
