@@ -17,6 +17,7 @@ from resource_lease import LeaseLost, acquire, audit
 from resource_lease.models import LeaseEvent, Resource
 from resource_lease.pool import force_release, quarantine, restore
 from tests.conftest import REPO, worker_env
+from tests.late_answers import acquire_short
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -90,7 +91,7 @@ def test_audit_off_records_nothing(make_pool: Any) -> None:
 def test_a_take_over_names_the_previous_holder(make_pool: Any, audit_on: Any) -> None:
     audit_on(AUDIT_FLUSH_INTERVAL=60)
     make_pool("proxy", 1)
-    stale = acquire("proxy", ttl=0.3, holder="paused-worker")
+    stale = acquire_short("proxy", ttl=0.3, holder="paused-worker")
     time.sleep(0.5)
     fresh = acquire("proxy", ttl=30, holder="new-worker")
 

@@ -12,6 +12,7 @@ from django.db import transaction
 from resource_lease import Lease, LeaseError, LeaseLost, NoResourceAvailable, acquire, pool
 from resource_lease.models import Resource
 from resource_lease.renewal import renewer
+from tests.late_answers import acquire_short
 
 
 def snapshot() -> list[tuple[Any, ...]]:
@@ -105,7 +106,7 @@ def test_release_frees_and_a_second_release_is_false(make_pool) -> None:
 
 def test_stale_holder_cannot_renew_or_release_the_new_holders_lease(make_pool) -> None:
     make_pool("proxy", 1)
-    old = acquire("proxy", ttl=0.3, holder="old")
+    old = acquire_short("proxy", ttl=0.3, holder="old")
     time.sleep(0.5)
     new = acquire("proxy", ttl=30, holder="new")
     assert new.resource.pk == old.resource.pk and new.fence == old.fence + 1
@@ -121,7 +122,7 @@ def test_stale_holder_cannot_renew_or_release_the_new_holders_lease(make_pool) -
 
 def test_renew_after_expiry_is_refused_even_if_nobody_took_it(make_pool) -> None:
     make_pool("proxy", 1)
-    lease = acquire("proxy", ttl=0.2)
+    lease = acquire_short("proxy", ttl=0.2)
     time.sleep(0.4)
     with pytest.raises(LeaseLost):
         lease.renew()
@@ -131,7 +132,7 @@ def test_renew_after_expiry_is_refused_even_if_nobody_took_it(make_pool) -> None
 
 def test_check_raises_after_the_local_deadline(make_pool) -> None:
     make_pool("proxy", 1)
-    lease = acquire("proxy", ttl=0.3)
+    lease = acquire_short("proxy", ttl=0.3)
     lease.check()
     assert 0 < lease.remaining() <= 0.3
     time.sleep(0.35)
@@ -415,7 +416,7 @@ def test_mysql_engine_connections_count_matched_rows_whatever_client_flag_the_us
 
 def test_lost_is_a_bool_so_if_lease_lost_reads_as_it_should(make_pool) -> None:
     make_pool("proxy", 1)
-    lease = acquire("proxy", ttl=0.3)
+    lease = acquire_short("proxy", ttl=0.3)
     assert lease.lost is False
     if lease.lost:  # was always true while `lost` was a threading.Event
         pytest.fail("a fresh lease reads as lost")
