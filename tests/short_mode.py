@@ -23,3 +23,19 @@ def once_across_backends(what: str) -> None:
     """In the short mode, skip ``what`` unless this is the backend that runs it."""
     if SHORT and connection.vendor != ONE_BACKEND:
         pytest.skip(f"{what} does not depend on the database: CI's short mode (CI=1) runs it on {ONE_BACKEND} only")
+
+
+#: The server backends of the short mode's split (``on_one_server``), by Django vendor.
+SERVERS = ("postgresql", "mysql")
+
+
+def on_one_server(what: str, index: int) -> None:
+    """In the short mode, skip ``what`` on the server backend that does not run it: the
+    ``index``-th of a set of alike runs goes to one server backend (alternating, PostgreSQL
+    first) and to SQLite; outside the short mode every backend runs every one."""
+    vendor = connection.vendor
+    if SHORT and vendor in SERVERS and SERVERS[index % len(SERVERS)] != vendor:
+        pytest.skip(
+            f"{what}: CI's short mode (CI=1) runs it on {SERVERS[index % len(SERVERS)]} and {ONE_BACKEND};"
+            " every backend runs it outside the short mode"
+        )
