@@ -133,3 +133,21 @@ def test_coord_cost_measures_each_call_next_to_a_lock_cycle_and_leaves_nothing_b
     assert result["loops"]["lock cycle"]["x_lock"] == 1.0
     assert not Counter.objects.exists() and not ConfigEntry.objects.exists()
     assert not LeadershipTerm.objects.exists() and not Resource.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_notify_herd_benchmark_counts_the_wake_ups_it_causes() -> None:
+    """project.bench.notify_herd: every NOTIFY it sends wakes each listener's waiter of the
+    notified kind once, and a waiter of another kind never (its figure is then the LISTEN
+    thread's alone)."""
+    from django.db import connection
+
+    from project.bench.notify_herd import UNTOUCHED, WOKEN, measure
+    from tests.conftest import worker_env
+
+    if connection.vendor != "postgresql":
+        pytest.skip("NOTIFY is PostgreSQL's")
+    per, woken = measure(WOKEN, 50, 2, env=worker_env())
+    assert woken == [50, 50] and per > 0
+    per, woken = measure(UNTOUCHED, 50, 2, env=worker_env())
+    assert woken == [0, 0] and per > 0
