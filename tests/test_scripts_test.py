@@ -105,3 +105,40 @@ def test_progress_while_it_runs_and_a_summary_after_ctrl_c(tmp_path: Path) -> No
     assert "  was running " in text and "test_sample.py::test_slow" in text
     with pytest.raises(ProcessLookupError):
         os.killpg(proc.pid, 0)  # nothing of the run is left going
+
+
+def _junit(path: Path, cases: dict[str, float]) -> str:
+    rows = "".join(
+        f'<testcase classname="{name.rsplit("::", 1)[0]}" name="{name.rsplit("::", 1)[1]}" time="{seconds}"/>'
+        for name, seconds in cases.items()
+    )
+    path.write_text(f'<?xml version="1.0"?><testsuites><testsuite name="pytest">{rows}</testsuite></testsuites>')
+    return str(path)
+
+
+def test_each_backends_shards_are_dealt_by_that_backends_weights(tmp_path: Path) -> None:
+    from tests import sharding
+
+    files = [
+        _junit(tmp_path / "mariadb.xml", {"tests.test_galera::a": 100.0, "tests.test_x::b": 10.0}),
+        _junit(tmp_path / "mariadb-2.xml", {"tests.test_y::c": 40.0, "tests.test_x::d": 5.0}),
+        _junit(tmp_path / "mariadb-restarts.xml", {"tests.test_y::r": 500.0}),  # not dealt: left out
+        _junit(tmp_path / "postgresql.xml", {"tests.test_galera::a": 0.0, "tests.test_x::b": 30.0}),
+        _junit(tmp_path / "postgresql-2.xml", {"tests.test_y::c": 30.0}),
+    ]
+    weights = sharding.junit_weights(files)
+    assert weights == {
+        "mariadb": {"tests/test_galera.py": 100.0, "tests/test_x.py": 15.0, "tests/test_y.py": 40.0},
+        "postgresql": {"tests/test_galera.py": 0.0, "tests/test_x.py": 30.0, "tests/test_y.py": 30.0},
+    }
+    names = ["tests/test_galera.py", "tests/test_x.py", "tests/test_y.py"]
+    # MariaDB: the Galera file alone in one shard; PostgreSQL, where it weighs nothing: x and y
+    # apart (dealt by MariaDB's weights, they would share a shard and leave the other empty).
+    on_mariadb = sharding.deal(names, 2, weights["mariadb"])
+    assert on_mariadb["tests/test_x.py"] == on_mariadb["tests/test_y.py"] != on_mariadb["tests/test_galera.py"]
+    on_postgresql = sharding.deal(names, 2, weights["postgresql"])
+    assert on_postgresql["tests/test_x.py"] != on_postgresql["tests/test_y.py"]
+    with pytest.raises(ValueError, match="not a backend's junit file"):
+        sharding.junit_weights([_junit(tmp_path / "oracle.xml", {})])
+    with pytest.raises(ValueError, match="backend must be one of"):
+        sharding.weights("oracle")
