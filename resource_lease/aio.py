@@ -57,8 +57,8 @@ class AsyncWaker(Waker):
         self._loop = asyncio.get_running_loop()
         self._event = asyncio.Event()
 
-    def wake(self) -> None:
-        super().wake()
+    def wake(self, *, turn: bool = False) -> None:
+        super().wake(turn=turn)
         try:
             self._loop.call_soon_threadsafe(self._event.set)
         except RuntimeError:  # the loop has closed: nobody waits any more

@@ -39,7 +39,7 @@ from resource_lease.db.line import ARRIVING, NEWCOMER, Look, Turn
 from resource_lease.db.line import Place as WaitingPlace
 from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseDatabaseError, LeaseLost
-from resource_lease.wakeups import Waker, board, listen, pushed, unlisten
+from resource_lease.wakeups import Waker, board, listen, pass_turn, pushed, turn_channel, unlisten
 
 logger = logging.getLogger("resource_lease")
 
@@ -208,7 +208,15 @@ def _enter(
     marked_at = fresh_mark(line, where, ttl, sent_at) if line.marked else None
     mark = line.marked and marked_at is None
     place = ops(line.alias).enter_line(
-        line.kind, line.name, holder=holder, priority=priority, where=where, ttl=ttl, shared=shared, mark=mark
+        line.kind,
+        line.name,
+        holder=holder,
+        priority=priority,
+        where=where,
+        ttl=ttl,
+        shared=shared,
+        mark=mark,
+        channel=turn_channel(line.alias),
     )
     stats.entered += 1
     if mark:
@@ -218,6 +226,7 @@ def _enter(
     entered = Place(
         line, place, priority=priority, where=where, ttl=ttl, sent_at=sent_at, waker=waker, marked_at=marked_at
     )
+    board().add_place(line.alias, place, waker)
     renewal.renewer().add(entered)
     return entered
 
@@ -243,6 +252,7 @@ def _purge_now_and_then(line: Line) -> None:
 def _leave(place: Place) -> None:
     """Leave the line now; if the database cannot be told, the place expires after its ttl."""
     renewal.renewer().discard(place)
+    board().remove_place(place.line.alias, place.id)
     try:
         ops(place.line.alias).leave_line(place.id)
     except LeaseDatabaseError as exc:
@@ -442,8 +452,10 @@ class Waiting:
             if woken:
                 stats.wakes += woken
                 estimate -= woken
-                if estimate <= 0:
-                    # Perhaps our turn: try, and if it was not, look at once.
+                turn = self.waker.take_turn()
+                if estimate <= 0 or turn:
+                    # Perhaps our turn (a release told us so, or enough rows were freed for
+                    # it): try, and if it was not, look at once.
                     try_now, look_at = True, 0.0
 
     def cleanup(self) -> None:
@@ -454,6 +466,10 @@ class Waiting:
         if self.place is not None:
             _leave(self.place)
             self.place = None
+            if self.waker.take_turn():
+                # A release told this waiter its turn, and it did not take it (served by an
+                # earlier turn, or it gave up): the waiters now first may take it.
+                pass_turn(self.line.alias, self.line.kind, self.line.name)
 
 
 def wait_in_line(

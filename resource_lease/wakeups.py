@@ -1,10 +1,20 @@
 """Waking waiters: in this process at once, from other processes by NOTIFY (PostgreSQL).
 
 A waiter of the line (``resource_lease.line``) waits on a ``Waker``; the process's ``Board``
-knows them by line, so a release in this process (``wake_row``) or a NOTIFY of the release
-statement of another process (the line channel, through the process's one LISTEN thread:
-``db/listen.py``) wakes them. Each wake-up is counted: one is a row freed in the line, so
-a waiter far back knows when enough have come for it to be first.
+knows them by line and by place, so a release in this process (``wake_row``) or a NOTIFY of
+the release statement of another process (through the process's one LISTEN thread:
+``db/listen.py``) wakes them:
+
+- a release tells the first waiters its row may serve that it may be their turn, each on
+  the channel of its own process (``turn_channel``, written on its place), naming the place:
+  only that waiter wakes, and it tries at once (``Waker.take_turn``). The other processes
+  hear nothing (each listening process paid some 55 us of CPU per release when every
+  release woke them all: docs/benchmarks.md). A turn that reaches a waiter which no longer
+  waits for it (it was served meanwhile, or gave up) is passed on (``pass_turn``).
+- the line channel (``LINE_CHANNEL``, every listening process) wakes all of a process's
+  waiters of a line: readers of an rwlock (those behind the first are served with it), and
+  places without a channel. Those wake-ups are counted: each is a row freed in the line, so
+  a waiter far back knows when enough have come for it to be first.
 """
 
 from __future__ import annotations
@@ -12,12 +22,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
 
 from resource_lease.db.connections import lease_connection
 from resource_lease.db.listen import hub
+from resource_lease.db.operations import ops
+from resource_lease.exceptions import LeaseDatabaseError
 from resource_lease.keeper import keeper
 
 logger = logging.getLogger("resource_lease")
@@ -33,11 +46,21 @@ class Waker:
         self._cond = threading.Condition(threading.Lock())
         self._count = 0
         self._seen = 0
+        self._turn = False
 
-    def wake(self) -> None:
+    def wake(self, *, turn: bool = False) -> None:
+        """Wake the waiter; ``turn``: a release told it that it may be its turn (it tries at
+        once, however far back its last look saw it)."""
         with self._cond:
             self._count += 1
+            self._turn = self._turn or turn
             self._cond.notify_all()
+
+    def take_turn(self) -> bool:
+        """Whether a turn was told since the last call (and no longer)."""
+        with self._cond:
+            turn, self._turn = self._turn, False
+            return turn
 
     def wait(self, timeout: float) -> int:
         """Wait up to ``timeout`` seconds for a wake-up; the wake-ups since the last wait."""
@@ -54,6 +77,25 @@ class Board:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._wakers: dict[LineKey, set[Waker]] = {}
+        self._places: dict[tuple[str, int], Waker] = {}
+
+    def add_place(self, alias: str, place: int, waker: Waker) -> None:
+        """Place ``place`` of ``alias`` is ``waker``'s: a turn told to it wakes that waiter."""
+        with self._lock:
+            self._places[alias, place] = waker
+
+    def remove_place(self, alias: str, place: int) -> None:
+        with self._lock:
+            self._places.pop((alias, place), None)
+
+    def wake_turn(self, alias: str, place: int) -> bool:
+        """Tell the waiter of ``place`` it may be its turn; False if no waiter here has it."""
+        with self._lock:
+            waker = self._places.get((alias, place))
+        if waker is None:
+            return False
+        waker.wake(turn=True)
+        return True
 
     def add(self, key: LineKey, waker: Waker) -> None:
         with self._lock:
@@ -78,11 +120,12 @@ class Board:
             waker.wake()
 
     def wake_alias(self, alias: str) -> None:
-        """Wake-ups of ``alias`` may have been missed (the listener reconnected): wake all."""
+        """Wake-ups of ``alias`` may have been missed (the listener reconnected): everyone
+        tries."""
         with self._lock:
             wakers = [w for key, ws in self._wakers.items() if key[0] == alias for w in ws]
         for waker in wakers:
-            waker.wake()
+            waker.wake(turn=True)
 
     def waiting(self) -> dict[LineKey, int]:
         """How many callers of this process wait, per line (alias, kind, name)."""
@@ -97,12 +140,13 @@ LINGER = 2.0
 
 
 class _Subscription:
-    """This process's subscription to the line channel of one alias: counted by waiters,
-    ended by the keeper LINGER seconds after the last one left (its ``keep`` step)."""
+    """This process's subscription to the line channel of one alias and to its own turn
+    channel there: counted by waiters, ended by the keeper LINGER seconds after the last one
+    left (its ``keep`` step)."""
 
-    def __init__(self, alias: str, token: int | None) -> None:
+    def __init__(self, alias: str, tokens: list[int | None]) -> None:
         self.alias = alias
-        self.token = token
+        self.tokens = tokens
         self.waiters = 0
         self.idle_since = 0.0
 
@@ -114,7 +158,8 @@ class _Subscription:
             if left > 0:
                 return left
             _subscriptions.pop(self.alias, None)
-        hub().unsubscribe(self.token)
+        for token in self.tokens:
+            hub().unsubscribe(token)
         return None
 
 
@@ -146,21 +191,75 @@ def _on_notify(alias: str) -> Callable[[str | None], None]:
     return callback
 
 
+def _on_turn(alias: str) -> Callable[[str | None], None]:
+    def callback(payload: str | None) -> None:
+        if payload is None:
+            _board.wake_alias(alias)
+            return
+        try:
+            place, kind, name = json.loads(payload)
+            place = int(place)
+        except (ValueError, TypeError):
+            logger.warning("a turn NOTIFY with an unexpected payload: %r", payload)
+            return
+        if not _board.wake_turn(alias, place):
+            # Its waiter was served meanwhile, or gave up: the turn goes to whoever is first
+            # now (not from the LISTEN thread: it runs a statement).
+            keeper().callbacks.call(_passing, pass_turn, alias, kind, name)
+
+    return callback
+
+
+class _Passing:
+    """The keeper's owner of the turns passed on from the LISTEN thread."""
+
+
+_passing = _Passing()
+
+#: This process's own NOTIFY channel: releases tell its waiters their turn there.
+_turn_channel = ""
+
+
 def _channel(alias: str) -> str:
     return lease_connection(alias).dialect.line_channel
 
 
+def turn_channel(alias: str) -> str:
+    """Where this process hears that it may be one of its waiters' turn on ``alias`` (a
+    place's ``channel``), or '' if ``alias`` cannot push (its waiters look)."""
+    global _turn_channel
+    if not _channel(alias):
+        return ""
+    if not _turn_channel:
+        _turn_channel = f"rl_turn_{os.getpid()}_{secrets.token_hex(4)}"
+    return _turn_channel
+
+
+def pass_turn(alias: str, kind: str, name: str) -> None:
+    """Tell the first waiters of the line (kind, name) that it may be their turn: a turn told
+    to a waiter of this process that did not take it. Best effort: if the database cannot be
+    told, the waiters find the free row at their next look."""
+    try:
+        ops(alias).pass_turn(kind, name)
+    except LeaseDatabaseError as exc:
+        logger.info("could not pass a turn in line %s on (its waiters look): %s", kind, exc)
+
+
 def listen(alias: str) -> None:
     """Subscribe this caller to the wake-ups of ``alias`` (PostgreSQL: LISTEN on the line
-    channel, set up by the LISTEN thread: nothing waits for it). ``unlisten`` when done."""
+    channel and on this process's turn channel, set up by the LISTEN thread: nothing waits for
+    it). ``unlisten`` when done."""
     channel = _channel(alias)
     if not channel:
         return  # this database cannot push: the waiters look
     with _subscribers_lock:
         found = _subscriptions.get(alias)
         if found is None:
-            token = hub().subscribe(alias, channel, _on_notify(alias), payload=True)
-            found = _subscriptions[alias] = _Subscription(alias, token)
+            tokens = [
+                hub().subscribe(alias, channel, _on_notify(alias), payload=True),
+                hub().subscribe(alias, turn_channel(alias), _on_turn(alias), payload=True),
+            ]
+            found = _subscriptions[alias] = _Subscription(alias, tokens)
         found.waiters += 1
 
 
@@ -180,7 +279,7 @@ def unlisten(alias: str) -> None:
 def pushed(alias: str) -> bool:
     """Whether a release on ``alias`` wakes this process's waiters now (the LISTEN is in force)."""
     channel = _channel(alias)
-    return bool(channel) and hub().listening(alias, channel)
+    return bool(channel) and hub().listening(alias, channel) and hub().listening(alias, turn_channel(alias))
 
 
 def forget_subscriptions() -> None:
@@ -190,15 +289,17 @@ def forget_subscriptions() -> None:
         _subscriptions.clear()
     for each in found:
         keeper().cancel(each)
-        hub().unsubscribe(each.token)
+        for token in each.tokens:
+            hub().unsubscribe(token)
 
 
 def _after_fork_in_child() -> None:
     # The parent's waiters are not the child's; its LISTEN does not reach the child.
-    global _board, _subscribers_lock
+    global _board, _subscribers_lock, _turn_channel
     _board = Board()
     _subscriptions.clear()
     _subscribers_lock = threading.Lock()
+    _turn_channel = ""  # the parent's: its turns are not the child's
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

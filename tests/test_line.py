@@ -5,14 +5,8 @@ ignore the line) is caught overtaking waiters (tests/line_checks.py)."""
 
 from __future__ import annotations
 
-import json
-import os
-import queue
 import signal
-import subprocess
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,75 +16,9 @@ from resource_lease.exceptions import LockHeld, NoResourceAvailable
 from resource_lease.models import Resource, Waiter
 from resource_lease.recipes.locks import LOCK_KIND
 from tests import line_checks
-from tests.conftest import spawn
+from tests.line_waiting import WAIT, Waiting, wait_for_places, waiting_fixture  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-WAIT = 60.0  # seconds a step may take on a loaded machine before the test gives up
-
-
-class Waiting:
-    """A line_waiter process and the JSON events it printed (read by a thread of its own, so
-    that ``next`` gives up on time even while the process prints nothing)."""
-
-    def __init__(self, *args: str) -> None:
-        self.proc = spawn("tests.procs.line_waiter", *args, stdout=subprocess.PIPE)
-        self.events: list[dict[str, Any]] = []
-        self._lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(line)
-        self._lines.put("")  # the end
-
-    def next(self, *events: str, timeout: float = WAIT) -> dict[str, Any]:
-        """The next event among ``events``; AssertionError if none comes within ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(f"no {events} within {timeout}s") from None
-            if not line:
-                raise AssertionError(f"the waiter ended (rc={self.proc.wait()}) before {events}: {self.events}")
-            found = json.loads(line)
-            self.events.append(found)
-            if found["event"] in events:
-                return found
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        os.kill(self.proc.pid, sig)
-
-
-@pytest.fixture
-def waiting() -> Iterator[Callable[..., Waiting]]:
-    made: list[Waiting] = []
-
-    def start(*args: str) -> Waiting:
-        w = Waiting(*args)
-        made.append(w)
-        w.next("ready")
-        return w
-
-    yield start
-    for w in made:
-        if w.proc.poll() is None:
-            try:
-                os.kill(w.proc.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-            w.proc.kill()
-        w.proc.wait(timeout=30)
-
-
-def wait_for_places(kind: str, name: str, n: int) -> None:
-    """Until ``n`` live places are in the line (kind, name)."""
-    deadline = time.monotonic() + WAIT
-    while Waiter.objects.filter(kind=kind, name=name).count() < n:
-        assert time.monotonic() < deadline, f"{n} places never appeared in line {kind}:{name}"
-        time.sleep(0.02)
 
 
 def line_args(what: str, *extra: str) -> tuple[str, ...]:

@@ -5,7 +5,7 @@ in line: the oldest waiter whose filter a freed row matches gets it."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,7 +16,7 @@ from resource_lease.db.connections import run_repeatable
 from resource_lease.exceptions import NoResourceAvailable
 from resource_lease.models import Resource, Waiter
 from resource_lease.validation import check_where, where_matches
-from tests.test_line import WAIT, Waiting, wait_for_places
+from tests.line_waiting import WAIT, Waiting, wait_for_places, waiting_fixture  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -132,23 +132,6 @@ def test_a_bad_filter_is_refused_naming_where(where: Any, make_pool: Callable[..
         acquire("bad-where", ttl=30, where=where)
     assert not Resource.objects.filter(kind="bad-where").exclude(grant_token="").exists()
     assert not Waiter.objects.exists()
-
-
-@pytest.fixture
-def waiting() -> Iterator[Callable[..., Waiting]]:
-    made: list[Waiting] = []
-
-    def start(*args: str) -> Waiting:
-        w = Waiting(*args)
-        made.append(w)
-        w.next("ready")
-        return w
-
-    yield start
-    for w in made:
-        if w.proc.poll() is None:
-            w.proc.kill()
-        w.proc.wait(timeout=30)
 
 
 def test_the_oldest_waiter_whose_filter_a_freed_row_matches_gets_it(waiting: Callable[..., Waiting]) -> None:

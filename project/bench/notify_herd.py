@@ -1,9 +1,13 @@
 """What one line NOTIFY costs each process that listens (PostgreSQL), docs/benchmarks.md.
 
-A release on PostgreSQL notifies the line channel (``db/postgresql.py``: ``RELEASE``), and
-every process with a waiter on *any* line LISTENs on it (``resource_lease.wakeups``): each
-release wakes the LISTEN thread of every such process, whether or not its waiters can use
-the row. This measures that cost: P listener processes, each with one waiter far back in a
+Every process with a waiter on *any* line LISTENs on the line channel
+(``resource_lease.wakeups``): a NOTIFY there wakes the LISTEN thread of every such process,
+whether or not its waiters can use the row. Until 2026-11-26 every release of a marked row
+sent one; since, a release tells its turn to the waiters it may serve, on their own
+processes' channels (``db/postgresql.py``: ``TELL_TURNS``), and the line channel carries the
+rare rest (readers of an rwlock, places without a channel). This measures what such a
+NOTIFY costs, and so what the narrower one saves per listening process and release: P
+listener processes, each with one waiter far back in a
 line (woken, it counts the wake-up and sleeps again, as ``line.Waiting`` does) or a waiter of
 another kind (its LISTEN thread alone works), while this process sends N notifications. The
 figure is the listeners' CPU time (user + system, ``getrusage``) per notification and

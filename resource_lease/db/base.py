@@ -283,7 +283,7 @@ class Dialect(GrantStatements):
 
     def release(self, cursor: Any, *, pk: int, holder: str, fence: int) -> bool:
         """Give a live grant of ours back; True if it was ours. Where the vendor can, the same
-        statement wakes the row's line (PostgreSQL: NOTIFY, when a live waiter is in it)."""
+        statement tells the waiters whose turn it may be (PostgreSQL: ``TELL_TURNS``)."""
         cursor.execute(self.sql["RELEASE"], (pk, holder, fence))
         return bool(cursor.rowcount == 1)
 

@@ -191,16 +191,18 @@ class LineStatements:
         ttl: float,
         shared: bool = False,
         mark: bool = True,
+        channel: str = "",
     ) -> int:
         """Take a place at the back of the line (kind, name) for ``ttl`` seconds, the line's
         rows marked first if ``mark`` (``mark_line``); its id. ``shared``: a reader of an
-        rwlock (served with the readers ahead of it)."""
+        rwlock (served with the readers ahead of it). ``channel``: where the waiter's process
+        hears its turn (PostgreSQL: ``wakeups.turn_channel``), or ''."""
         if mark:
             self.mark_line(cursor, kind=kind, name=name, where=where, ttl=ttl)
         row = self.returning_row(
             cursor,
             self.sql["ENTER_LINE"],
-            (kind, name, holder, priority, where, shared, token, self.ttl_param(ttl)),
+            (kind, name, holder, priority, where, shared, token, channel, self.ttl_param(ttl)),
             read_params=(token,),
         )
         if row is None:
@@ -243,6 +245,14 @@ class LineStatements:
 
     def leave_line(self, cursor: Any, *, place: int) -> None:
         cursor.execute(self.sql["LEAVE_LINE"], (place,))
+
+    def pass_turn(self, cursor: Any, *, kind: str, name: str) -> None:
+        """Tell the first waiters of the line (kind, name) that it may be their turn, as a
+        release does (PostgreSQL: ``PASS_TURN``; elsewhere the waiters look, and this is a
+        no-op): a turn told to a waiter that did not take it."""
+        if "PASS_TURN" in self.sql:
+            cursor.execute(self.sql["PASS_TURN"], (kind, name))
+            cursor.fetchall()
 
     def line_waiters(self, cursor: Any, *, kind: str, name: str, limit: int) -> list[Place]:
         """The first ``limit`` live places of the line (kind, name), in the order of service."""

@@ -30,9 +30,11 @@ class LineOperations:
         ttl: float,
         shared: bool = False,
         mark: bool = True,
+        channel: str = "",
     ) -> int:
         """Take a place at the back of the line (kind, name) for ``ttl`` seconds, the line's
-        rows marked first if ``mark``; its id (``shared``: a reader of an rwlock)."""
+        rows marked first if ``mark``; its id (``shared``: a reader of an rwlock; ``channel``:
+        where its process hears its turn, PostgreSQL)."""
         what = f"taking a place in line {kind}:{name}" if name else f"taking a place in line {kind}"
 
         def enter(token: str) -> int:
@@ -49,6 +51,7 @@ class LineOperations:
                     ttl=ttl,
                     shared=shared,
                     mark=mark,
+                    channel=channel,
                 ),
                 what=what,
             )
@@ -74,6 +77,7 @@ class LineOperations:
                     ttl=ttl,
                     shared=shared,
                     mark=mark,
+                    channel=channel,
                 ),
                 what=what,
             )
@@ -91,6 +95,13 @@ class LineOperations:
 
     def leave_line(self, place: int) -> None:
         run_repeatable(self.alias, lambda d, c: d.leave_line(c, place=place), what=f"leaving line (place {place})")
+
+    def pass_turn(self, kind: str, name: str) -> None:
+        """Tell the first waiters of the line (kind, name) that it may be their turn
+        (PostgreSQL; elsewhere they look): a turn its waiter did not take, passed on."""
+        run_repeatable(
+            self.alias, lambda d, c: d.pass_turn(c, kind=kind, name=name), what=f"passing a turn in line {kind}"
+        )
 
     def purge_line(self, kind: str, name: str) -> None:
         """Drop the line's expired places (dead or paused waiters)."""

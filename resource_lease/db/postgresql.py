@@ -51,18 +51,56 @@ GRANT_SAMPLED = Returning(
     " WHERE id = (SELECT id FROM {table} WHERE id = {p} AND {grantable_by_id} FOR UPDATE SKIP LOCKED)"
 )
 
-# The NOTIFY channel of the line of waiters: the payload names the line (JSON [kind, name]).
+# The NOTIFY channel every process with waiters listens on: the payload names a line (JSON
+# [kind, name]) and wakes the process's waiters of it (RW_READ_RELEASE, readers' turns, places
+# without a channel of their own).
 LINE_CHANNEL = "rl_line"
 
-# Give a live grant back (RELEASE), and wake the row's line in the same statement: a NOTIFY,
-# delivered when the release commits, only while the row is marked (a waiter may be in line:
-# MARK_LINE; NOTIFY takes a lock at commit that every notifying transaction shares, so a
-# release nobody waits for skips it). One row if released. (id, holder, fence)
+# The first waiters whose turn a freed row may be (``r``: its kind, name, data), as served
+# (LINE_CLEAR): the first of the row's own line, and as many of the kind's line as the kind has
+# free rows, this one included (the others count as they are in the statement's snapshot,
+# before this release; up to LINE_ROOM), those whose where= the row does not match aside.
+# (id, channel, shared, the line's name); no parameters.
+LINE_TURNS = (
+    "(SELECT w.id, w.channel, w.shared, w.name FROM {waiters} w"
+    " WHERE w.kind = r.kind AND w.name = r.name AND r.name <> '' AND w.expires_at > {now}"
+    " AND (w.filter IS NULL OR {turn_matches}) ORDER BY w.priority DESC, w.id LIMIT 1)"
+    " UNION ALL"
+    " (SELECT w.id, w.channel, w.shared, w.name FROM {waiters} w"
+    " WHERE w.kind = r.kind AND w.name = '' AND w.expires_at > {now}"
+    " AND (w.filter IS NULL OR {turn_matches}) ORDER BY w.priority DESC, w.id"
+    " LIMIT 1 + (SELECT COUNT(*) FROM (SELECT 1 FROM {table} f WHERE f.kind = r.kind"
+    " AND f.busy_before <= {now} AND f.enabled = {true}"
+    " AND (f.quarantined_until IS NULL OR f.quarantined_until <= {now}) LIMIT " + str(statements.LINE_ROOM) + ") n))"
+)
+
+# Tell each of LINE_TURNS's waiters it may be its turn: on its process's channel, its place
+# (JSON [id, kind, line name]), so that only that waiter tries; a reader of an rwlock (the
+# readers behind it may be served with it) or a place without a channel wakes its whole line
+# on LINE_CHANNEL instead. How many were told.
+TELL_TURNS = (
+    "SELECT COUNT(pg_notify(CASE WHEN t.channel = '' OR t.shared THEN '{line_channel}' ELSE t.channel END,"
+    " CASE WHEN t.channel = '' OR t.shared THEN json_build_array(r.kind, r.name)::text"
+    " ELSE json_build_array(t.id, r.kind, t.name)::text END)) FROM (" + LINE_TURNS + ") t"
+)
+
+# Give a live grant back (RELEASE), and tell the waiters whose turn it may be in the same
+# statement (TELL_TURNS, delivered when the release commits), only while the row is marked (a
+# waiter may be in line: MARK_LINE; NOTIFY takes a lock at commit that every notifying
+# transaction shares, so a release nobody waits for skips it). One row if released.
+# (id, holder, fence)
 RELEASE = (
     "WITH r AS (UPDATE {table} SET busy_before = {freed_at}, released_at = {now}, grant_token = ''"
-    " WHERE {ours} RETURNING kind, name, line_until)"
-    " SELECT (SELECT pg_notify('{line_channel}', json_build_array(r.kind, r.name)::text)"
-    " WHERE r.line_until > {now}) FROM r"
+    " WHERE {ours} RETURNING kind, name, data, line_until)"
+    " SELECT (" + TELL_TURNS + " WHERE r.line_until > {now}) FROM r"
+)
+
+# A turn told to a waiter that did not take it (it was served by then, or gave up) passed on
+# to the first waiters of its line (``wakeups.pass_turn``), as RELEASE tells them, the where=
+# of each taken as matching. (kind, name)
+PASS_TURN = (
+    "WITH r AS (SELECT CAST({p} AS text) AS kind, CAST({p} AS text) AS name, CAST(NULL AS jsonb) AS data)"
+    " SELECT (" + TELL_TURNS.replace("{turn_matches}", "{true}") + ") FROM r"
 )
 
 
@@ -90,6 +128,7 @@ TEMPLATES: dict[str, str | Returning] = {
     "GRANT_BY_ID": GRANT_BY_ID,
     "GRANT_SAMPLED": GRANT_SAMPLED,
     "RELEASE": RELEASE,
+    "PASS_TURN": PASS_TURN,
     "RW_READ_RELEASE": RW_READ_RELEASE,
 }
 
@@ -112,7 +151,11 @@ class PostgreSQLDialect(Dialect):
     line_channel = LINE_CHANNEL
 
     def pieces(self) -> dict[str, str]:
-        return {**super().pieces(), "line_channel": LINE_CHANNEL}
+        return {
+            **super().pieces(),
+            "line_channel": LINE_CHANNEL,
+            "turn_matches": self.matches_sql("w.filter", "r.data"),
+        }
 
     def expiry_sql(self, placeholder: str | None = None) -> str:
         return f"{self.now_sql} + make_interval(secs => {placeholder or '%s'})"

@@ -228,10 +228,11 @@ MARK_NAMED = (
 )
 
 # Take a place at the back of a line: (kind, name, holder, priority, filter, shared, token,
-# ttl), its id read back by (token).
+# channel, ttl), its id read back by (token). The channel: where the waiter's process hears
+# its turn (PostgreSQL's RELEASE), '' elsewhere.
 ENTER_LINE = Returning(
-    "INSERT INTO {waiters} (kind, name, holder, priority, filter, shared, token, since, expires_at)"
-    " VALUES ({p}, {p}, {p}, {p}, {json_param}, {p}, {p}, {now}, {expiry})",
+    "INSERT INTO {waiters} (kind, name, holder, priority, filter, shared, token, channel, since, expires_at)"
+    " VALUES ({p}, {p}, {p}, {p}, {json_param}, {p}, {p}, {p}, {now}, {expiry})",
     returning="id",
     read_back="token = {p}",
     table="{waiters}",

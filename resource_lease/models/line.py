@@ -61,6 +61,14 @@ class Waiter(models.Model):
         help_text="A reader of an rwlock: served alongside the readers ahead of it, never before a writer ahead.",
     )
     token = models.CharField(max_length=32, unique=True, help_text="Random key of this place, to settle a lost answer.")
+    channel = models.CharField(
+        max_length=63,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="PostgreSQL: the NOTIFY channel of the waiter's process; a release wakes its first waiters"
+        " there. Empty: woken with the whole line.",
+    )
     since = models.DateTimeField(help_text="When the caller took its place (database clock).")
     expires_at = models.DateTimeField(
         help_text="The place is lost after this (database clock) unless its process renews it."

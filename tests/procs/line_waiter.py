@@ -2,7 +2,7 @@
 
     python -m tests.procs.line_waiter --what lock:NAME|pool:KIND|semaphore:NAME:SLOTS
         [--once [--timeout T] [--again-after A] | --seconds S] [--hold H] [--ttl T] [--priority P]
-        [--where JSON] [--broken | --serial | --stale-marks]
+        [--where JSON] [--broken | --serial | --stale-marks | --herd] [--heard]
 
 Prints one JSON object per line: ``{"event": "ready"}`` once connected, ``entered`` (id, at)
 for each place in line it takes and has noted; with ``--once``, one
@@ -23,7 +23,10 @@ control of a pool's room (``statements.LINE_CLEAR``): a grant passes only if no 
 ahead could take the row, so the line's head is served alone, one row at a time.
 ``--stale-marks``: the negative control of this process's memory of its marks
 (``line.fresh_mark``): a place is taken without marking the line whenever this process has
-marked it once, however long ago (the marks may have run out).
+marked it once, however long ago (the marks may have run out). ``--herd``: the negative
+control of the turns a release tells (``wakeups``, PostgreSQL): this process's releases wake
+every listening process's waiters of the line (``HERD_RELEASE``), as they did before. A
+``granted`` event gives this process's wake-ups and looks so far (``line.stats``).
 """
 
 from __future__ import annotations
@@ -77,6 +80,22 @@ def serve_the_head_only() -> None:
         cls.templates = {**cls.templates, "LINE_CLEAR": SERIAL_LINE_CLEAR}
 
 
+#: PostgreSQL's RELEASE before turns were told: a marked row's release NOTIFYs the line channel,
+#: which every process with a waiter listens on (the negative control of ``wakeups``).
+HERD_RELEASE = (
+    "WITH r AS (UPDATE {table} SET busy_before = {freed_at}, released_at = {now}, grant_token = ''"
+    " WHERE {ours} RETURNING kind, name, line_until)"
+    " SELECT (SELECT pg_notify('{line_channel}', json_build_array(r.kind, r.name)::text)"
+    " WHERE r.line_until > {now}) FROM r"
+)
+
+
+def wake_the_herd() -> None:
+    from resource_lease.db.postgresql import PostgreSQLDialect
+
+    PostgreSQLDialect.templates = {**PostgreSQLDialect.templates, "RELEASE": HERD_RELEASE}
+
+
 def trust_stale_marks() -> None:
     from resource_lease import line
 
@@ -85,15 +104,20 @@ def trust_stale_marks() -> None:
     )
 
 
-def record_places(places: list[dict[str, Any]]) -> None:
-    """Note every place this process takes (its id, and when the insert returned)."""
-    from resource_lease import line
+def record_places(places: list[dict[str, Any]], *, heard: bool = False) -> None:
+    """Note every place this process takes (its id, and when the insert returned); ``heard``:
+    say so only once a release's NOTIFY reaches this process (PostgreSQL's LISTEN is set up
+    by its own thread, a moment after the first wait begins)."""
+    from resource_lease import line, wakeups
 
     enter = line._enter
 
     def entering(*args: Any, **kwargs: Any) -> Any:
         place = enter(*args, **kwargs)
         places.append({"id": place.id, "at": time.monotonic()})
+        deadline = time.monotonic() + 30
+        while heard and not wakeups.pushed(place.line.alias) and time.monotonic() < deadline:
+            time.sleep(0.01)
         emit("entered", **places[-1])
         return place
 
@@ -128,6 +152,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, help="with --once: give up after this (default: wait)")
     parser.add_argument("--again-after", type=float, help="with --once: wait once more, this long after the release")
     parser.add_argument("--stale-marks", action="store_true", help="trust this process's marks however old")
+    parser.add_argument("--herd", action="store_true", help="releases wake every listening process (PostgreSQL)")
+    parser.add_argument("--heard", action="store_true", help="'entered' once this process hears releases")
     args = parser.parse_args()
     setup()
     if args.broken:
@@ -136,12 +162,14 @@ def main() -> None:
         serve_the_head_only()
     if args.stale_marks:
         trust_stale_marks()
+    if args.herd:
+        wake_the_herd()
     from resource_lease import LockHeld, NoResourceAvailable
     from resource_lease.db.connections import lease_connection
 
     lease_connection("default").cursor().close()
     places: list[dict[str, Any]] = []
-    record_places(places)
+    record_places(places, heard=args.heard)
     emit("ready")
     history = []
     stop = time.monotonic() + args.seconds
@@ -164,7 +192,9 @@ def main() -> None:
             "priority": args.priority,
         }
         if args.once:
-            emit("granted", **entry)
+            from resource_lease.line import stats
+
+            emit("granted", wakes=stats.wakes, looks=stats.looks, **entry)
         time.sleep(args.hold)
         entry["released"] = time.monotonic()
         lease.release()
