@@ -5,8 +5,8 @@ knows them by line and by place, so a release in this process (``wake_row``) or 
 the release statement of another process (through the process's one LISTEN thread:
 ``db/listen.py``) wakes them:
 
-- a release tells the first waiters its row may serve that it may be their turn, each on
-  the channel of its own process (``turn_channel``, written on its place), naming the place:
+- a release tells the waiter its row may serve that it may be its turn, on the channel of
+  that waiter's own process (``turn_channel``, written on its place), naming the place:
   only that waiter wakes, and it tries at once (``Waker.take_turn``). The other processes
   hear nothing (each listening process paid some 55 us of CPU per release when every
   release woke them all: docs/benchmarks.md). A turn that reaches a waiter which no longer
@@ -194,8 +194,7 @@ def _on_notify(alias: str) -> Callable[[str | None], None]:
 def _on_turn(alias: str) -> Callable[[str | None], None]:
     def callback(payload: str | None) -> None:
         if payload is None:
-            _board.wake_alias(alias)
-            return
+            return  # the listener reconnected: the line channel's callback wakes everyone
         try:
             place, kind, name = json.loads(payload)
             place = int(place)

@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='waiter',
             name='channel',
-            field=models.CharField(blank=True, db_default='', default='', help_text="PostgreSQL: the NOTIFY channel of the waiter's process; a release wakes its first waiters there. Empty: woken with the whole line.", max_length=63),
+            field=models.CharField(blank=True, db_default='', default='', help_text="PostgreSQL: the NOTIFY channel of the waiter's process, where a release tells it its turn. Empty: woken with its whole line.", max_length=63),
         ),
     ]

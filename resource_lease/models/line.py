@@ -66,8 +66,8 @@ class Waiter(models.Model):
         blank=True,
         default="",
         db_default="",
-        help_text="PostgreSQL: the NOTIFY channel of the waiter's process; a release wakes its first waiters"
-        " there. Empty: woken with the whole line.",
+        help_text="PostgreSQL: the NOTIFY channel of the waiter's process, where a release tells it its turn."
+        " Empty: woken with its whole line.",
     )
     since = models.DateTimeField(help_text="When the caller took its place (database clock).")
     expires_at = models.DateTimeField(
