@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Generator
 from types import TracebackType
 from typing import Any, Generic, TypeVar
@@ -33,7 +34,7 @@ from asgiref.sync import sync_to_async
 from resource_lease import metrics
 from resource_lease.exceptions import LeaseError
 from resource_lease.lease import Lease, acquiring
-from resource_lease.line import Attempt, Call, Wait, Waiting
+from resource_lease.line import Attempt, Call, Wait, Waiting, in_time, left
 from resource_lease.recipes.locks import locking, semaphoring
 from resource_lease.recipes.rwlock import RwLock
 from resource_lease.wakeups import Waker
@@ -100,11 +101,30 @@ async def _granting(fn: Callable[..., Any], *args: Any) -> Any:
 
 async def arun(wait: Wait[T]) -> T:
     """Wait in line without blocking the event loop (see the module's docstring); the answer
-    of ``wait.conclude``, as ``wait.run()`` gives it in a thread."""
+    of ``wait.conclude``, as ``wait.run()`` gives it in a thread (a grant past its deadline
+    once the line is left is given back and the wait goes on: ``line.in_time``)."""
     waker = AsyncWaker()
+    deadline = None if wait.timeout is None else time.monotonic() + wait.timeout
+    timeout = wait.timeout
+    with metrics.waiting(wait.line.kind, using=wait.line.alias, holder=wait.holder) as measured:
+        while True:
+            grant = await _await_once(wait, waker, timeout, measured)
+            if grant is None:
+                break
+            grant = await _granting(in_time, grant)
+            if grant is not None:
+                break
+            timeout = left(deadline)
+            if timeout is not None and timeout <= 0.0:
+                grant = None
+                break
+        return await _granting(wait.finish, grant, measured)  # type: ignore[no-any-return]
+
+
+async def _await_once(wait: Wait[T], waker: AsyncWaker, timeout: float | None, measured: metrics.Wait) -> T | None:
     waiting = Waiting(
         wait.line,
-        timeout=wait.timeout,
+        timeout=timeout,
         holder=wait.holder,
         ttl=wait.ttl,
         priority=wait.priority,
@@ -113,30 +133,28 @@ async def arun(wait: Wait[T]) -> T:
         shared=wait.shared,
     )
     steps = waiting.steps()
-    with metrics.waiting(wait.line.kind, using=wait.line.alias, holder=wait.holder) as measured:
+    try:
         try:
-            try:
-                step = next(steps)
-                while True:
-                    if isinstance(step, Attempt):
-                        value = await _granting(wait.attempt, step.turn)
-                    elif isinstance(step, Call):
-                        # Cancelled meanwhile, the call still ends before the cleanup below
-                        # (a place it took is then ours to leave).
-                        value = await _granting(step.run)
-                    else:
-                        value = await waker.await_wake(step.seconds)
-                    step = steps.send(value)
-            except StopIteration as done:
-                grant = done.value
-            except asyncio.CancelledError:
-                measured.outcome = "timeout"  # given up, not an error
-                raise
-        finally:
-            steps.close()
-            # Leave the line at once, even when cancelled (shielded: the place must go).
-            await asyncio.shield(in_thread(waiting.cleanup))
-        return await _granting(wait.finish, grant, measured)  # type: ignore[no-any-return]
+            step = next(steps)
+            while True:
+                if isinstance(step, Attempt):
+                    value = await _granting(wait.attempt, step.turn)
+                elif isinstance(step, Call):
+                    # Cancelled meanwhile, the call still ends before the cleanup below
+                    # (a place it took is then ours to leave).
+                    value = await _granting(step.run)
+                else:
+                    value = await waker.await_wake(step.seconds)
+                step = steps.send(value)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        except asyncio.CancelledError:
+            measured.outcome = "timeout"  # given up, not an error
+            raise
+    finally:
+        steps.close()
+        # Leave the line at once, even when cancelled (shielded: the place must go).
+        await asyncio.shield(in_thread(waiting.cleanup))
 
 
 class Acquiring(Generic[T]):

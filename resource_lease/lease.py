@@ -181,6 +181,17 @@ class Lease:
             raise LeaseLost(f"{self!r}: {self.lost_reason}")
         return expiry
 
+    def given_back_late(self, *, after: str) -> bool:
+        """Whether the lease, granted in time, reached its caller too late: past its local
+        deadline by the time the wait that granted it ended (``after`` says what held it up:
+        leaving the line is a statement too, on a node that may hang). Such a lease is given
+        back and never handed out, as a late answer is (docs/pitfalls.md#late-answers)."""
+        if not arrived_dead(self):
+            return False
+        took = time.monotonic() - self._deadline + self.ttl - safety_margin(self.ttl)  # since it was sent
+        give_back_dead(self, took=took, after=after)
+        return True
+
     def is_held(self) -> bool:
         """Whether the database still has this lease as ours and unexpired."""
         if self._released or os.getpid() != self._pid:
@@ -511,15 +522,15 @@ def arrived_dead(lease: Lease) -> bool:
     return lease.remaining() <= 0.0
 
 
-def give_back_dead(lease: Lease, *, took: float) -> None:
+def give_back_dead(lease: Lease, *, took: float, after: str = "the grant's answer") -> None:
     """A grant that arrived dead is never handed out: the attempt counts as nothing granted,
     and the row is given back if it is still this lease's (the fenced release never touches
     a later holder's). No signal is sent: nobody was told of the grant."""
     lease._released = True
     logger.warning(
-        "%r: the grant's answer took %.3gs, longer than the lease may be trusted (ttl %gs less the"
-        " safety margin): not handed out",
+        "%r: %s took %.3gs, longer than the lease may be trusted (ttl %gs less the safety margin): not handed out",
         lease,
+        after,
         took,
         lease.ttl,
     )

@@ -493,7 +493,55 @@ def wait_in_line(
     wait (``waker.wake()``; the next ``attempt`` then raises). ``shared``: the caller is a
     reader of an rwlock (its place lets readers behind it be served with it; only writers
     ahead of it count). Exceptions propagate at once, and the place is left on the way out.
+
+    A grant that is past its local deadline once the place has been left (a hung node held
+    that statement up) is given back, and the wait goes on while its timeout lasts
+    (``in_time``).
     """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        grant = _wait_once(
+            line,
+            attempt,
+            timeout=timeout,
+            holder=holder,
+            ttl=ttl,
+            priority=priority,
+            where=where,
+            waker=waker,
+            shared=shared,
+        )
+        if grant is None or in_time(grant) is not None:
+            return grant
+        timeout = left(deadline)
+        if timeout is not None and timeout <= 0.0:
+            return None
+
+
+def in_time(grant: T) -> T | None:
+    """``grant`` if it may still go to its caller once its wait has ended, else None: one
+    past its local deadline by then is given back (``Lease.given_back_late``)."""
+    late = grant.given_back_late(after="the grant, with leaving the line after it,")  # type: ignore[attr-defined]
+    return None if late else grant
+
+
+def left(deadline: float | None) -> float | None:
+    """Seconds to ``deadline`` (None: no deadline)."""
+    return None if deadline is None else deadline - time.monotonic()
+
+
+def _wait_once(
+    line: Line,
+    attempt: Callable[[Turn], T | None],
+    *,
+    timeout: float | None,
+    holder: str,
+    ttl: float,
+    priority: int,
+    where: str | None,
+    waker: Waker | None,
+    shared: bool,
+) -> T | None:
     waiting = Waiting(
         line,
         timeout=timeout,

@@ -25,7 +25,7 @@ from django.db import connection
 
 from resource_lease import acquire
 from resource_lease.exceptions import NoResourceAvailable
-from resource_lease.models import Resource
+from resource_lease.models import Resource, Waiter
 from tests.faults.harness import Child, CutProxy, duration, end_session, rounds, spread
 from tests.grants import Grant, exclusion_violations
 
@@ -261,6 +261,61 @@ def test_a_grant_whose_answer_arrives_after_its_ttl_is_not_handed_out(
     if engine:
         assert not violations, violations
         assert late.of("acquire_failed"), late.tail()  # told no resource, not left hanging
+    else:
+        assert violations, f"the control handed out nothing late: {late.tail()}"
+
+
+@pytest.mark.parametrize("engine", [True, False], ids=["engine", "hand-out-control"])
+def test_a_grant_held_up_leaving_the_line_past_its_ttl_is_not_handed_out(
+    engine: bool,
+    proxy: CutProxy,
+    make_pool: Callable[..., list[Resource]],
+    start_holder: Callable[..., Child],
+    figures: Callable[..., Any],
+) -> None:
+    """A waiter in line is granted the pool's one row in time; then leaving its place (a
+    statement too, after the grant) is held up past the ttl, as on a Galera node paused
+    right after the grant. Meanwhile the lease expires and the row is granted again, with a
+    higher fence. The engine must not hand the expired lease out when the wait ends (it
+    gives it back and waits on); the control, an engine that does, is caught. Seen on
+    Galera: a cycler's acquire that returned 10 s after its grant (tests/test_galera.py)."""
+    ttl = 1.0
+    make_pool("late-leave", 1)
+    first = acquire("late-leave", ttl=30)  # the row is taken: the child waits in line
+    env = _through(proxy) | ({} if engine else {"FAULTS_HAND_OUT_LATE": "1"})
+    late = start_holder("late-leave", ttl, auto_renew=False, timeout=ttl + 9, env=env)
+    deadline = time.monotonic() + 30
+    while not Waiter.objects.filter(kind="late-leave").exists():
+        assert time.monotonic() < deadline, f"the child never took a place in line: {late.tail()}"
+        time.sleep(0.02)
+    proxy.arm(b"DELETE FROM", b"WHERE id =", hold=ttl + 2.0)  # the child's LEAVE_LINE
+    first.release()  # the child is granted the row; its leaving the line is held back
+    proxy.cuts.get(timeout=60)
+    again = acquire("late-leave", ttl=30, timeout=ttl + 10)  # granted once the child's lease expired
+    granted_again = time.monotonic()
+    deadline = time.monotonic() + 30
+    while not (late.of("acquired") or late.of("acquire_failed")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    handed_out = late.of("acquired")
+    violations = [
+        f"fence {got['fence']} handed out {got['t_recv'] - granted_again:.2f}s after fence {again.fence} was granted"
+        for got in handed_out
+        if got["fence"] < again.fence and got["t_recv"] > granted_again
+    ]
+    row = Resource.objects.get()
+    if row.fence != again.fence or row.holder != again.holder:
+        violations.append(f"the new holder's row was touched: {row.holder} fence {row.fence}")
+    figures(
+        "4-late-leave-line" + ("" if engine else "-control"),
+        grants=3,
+        violations=len(violations),
+        handed_out=len(handed_out),
+        fence=again.fence,
+    )
+    again.release()
+    if engine:
+        assert not violations, violations
+        assert late.of("acquire_failed"), late.tail()  # waited on, then told no resource
     else:
         assert violations, f"the control handed out nothing late: {late.tail()}"
 

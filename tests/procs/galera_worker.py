@@ -129,12 +129,17 @@ def cycle(args: argparse.Namespace, worker: str) -> dict[str, int]:
 
 
 def hold(args: argparse.Namespace, worker: str) -> None:
+    import threading
+
     from resource_lease import LeaseLost, acquire
     from tests.grants import Grant
     from tests.ledger import critical_section, record
 
+    reported = threading.Event()
+
     def on_lost(lease: Any) -> None:
         emit("lost", pk=lease.resource.pk, fence=lease.fence, reason=lease.lost_reason)
+        reported.set()
 
     lease = acquire(args.kind, ttl=args.ttl, timeout=30, auto_renew=True, on_lost=on_lost)
     start = time.monotonic_ns()
@@ -159,6 +164,9 @@ def hold(args: argparse.Namespace, worker: str) -> None:
     trusted_until = int(lease._deadline * 1e9)  # the local deadline: trust ends there at the latest
     if lease.lost:
         record(args.dir, Grant(lease.resource.pk, lease.fence, worker, start, min(ended, trusted_until)))
+        # When the keeper found the loss, on_lost runs on a callback thread (a daemon): wait
+        # for it, or this process may exit before it ran and the loss would go unreported.
+        reported.wait(30)
         emit("done", held=False, pk=lease.resource.pk)
         return
     record(args.dir, Grant(lease.resource.pk, lease.fence, worker, start, min(ended, trusted_until)))
