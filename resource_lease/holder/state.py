@@ -205,6 +205,11 @@ class HolderStateMachine(HolderSteps, threading.Thread, metaclass=abc.ABCMeta):
                 wait_metric.outcome = "timeout"  # given up (closed, terminated), not an error
                 raise
             if lease is None:
+                with self._state_lock:
+                    if self._current is not None and self._current.released:
+                        # installed by an attempt, then given back as reaching us too late
+                        # (``line.in_time``): not ours to keep
+                        self._current, self._validated = None, False
                 raise NoResourceAvailable(
                     f"no valid resource of kind {self._kind!r} could be held within {wait:g}s", kind=self._kind
                 )
