@@ -29,6 +29,8 @@ its own that keeps nothing of its parent's (docs/pitfalls.md#fork).
 
 from __future__ import annotations
 
+import atexit
+import functools
 import heapq
 import itertools
 import logging
@@ -50,6 +52,9 @@ IDLE_EXIT = 1.0
 OVERRUN = 1.0
 #: The most threads that run users' callbacks at once.
 CALLBACK_THREADS = 4
+#: Seconds a process that exits normally waits for the callbacks already queued (an
+#: ``on_lost`` the keeper dispatched a moment before the main thread returned) to run.
+EXIT_DRAIN = 5.0
 
 _RUNNING = -1  # the entry of a job whose step runs now
 
@@ -245,6 +250,7 @@ class Callbacks:
         self._cond = threading.Condition(threading.Lock())
         self._lanes = [_Lane(i) for i in range(limit)]
         self._pinned: weakref.WeakKeyDictionary[Any, _Lane] = weakref.WeakKeyDictionary()
+        self._one_offs = 0  # callbacks of unpinned owners (a lease's on_lost) not yet run
 
     def pin(self, owner: Any) -> None:
         """Serve every callback of ``owner`` on one thread until ``unpin``."""
@@ -273,10 +279,34 @@ class Callbacks:
             lane = self._pinned.get(owner)
             if lane is None:
                 lane = min(self._lanes, key=lambda lane: (lane.running is not None, len(lane.queue), lane.index))
+                self._one_offs += 1
+                fn = functools.partial(self._one_off, fn)
             lane.queue.append((owner, fn, args))
             if lane.thread is None:
                 lane.thread = start_thread(lambda: self._serve(lane), f"resource-lease-callbacks-{lane.index}")
             self._cond.notify_all()
+
+    def _one_off(self, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            fn(*args)
+        finally:
+            with self._cond:
+                self._one_offs -= 1
+                self._cond.notify_all()
+
+    def drain(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until the one-off callbacks (those of owners not
+        pinned: a lease's ``on_lost``) queued so far have run; whether they have. The
+        callbacks run on daemon threads, which an exiting interpreter stops wherever they
+        are; a pinned owner's (a watch's, an election's) may run as long as it lives."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._one_offs:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
 
     def _serve(self, lane: _Lane) -> None:
         try:
@@ -325,4 +355,24 @@ def dispatch(owner: Any, fn: Callable[..., Any], *args: Any) -> None:
 #: This process's keeper (a forked child gets its own, keeping nothing its parent kept).
 keeper = PerProcess(Keeper)
 
-__all__ = ["CALLBACK_THREADS", "IDLE_EXIT", "OVERRUN", "Callbacks", "Keeper", "dispatch", "keeper", "start_thread"]
+
+def _drain_at_exit() -> None:
+    """A normal exit lets the one-off callbacks already queued run first (``EXIT_DRAIN``): a
+    lease lost a moment before the main thread returned still gets its ``on_lost``."""
+    if not keeper().callbacks.drain(EXIT_DRAIN):
+        logger.warning("exiting with on_lost callbacks not yet run after %gs", EXIT_DRAIN)
+
+
+atexit.register(_drain_at_exit)
+
+__all__ = [
+    "CALLBACK_THREADS",
+    "EXIT_DRAIN",
+    "IDLE_EXIT",
+    "OVERRUN",
+    "Callbacks",
+    "Keeper",
+    "dispatch",
+    "keeper",
+    "start_thread",
+]

@@ -3,16 +3,22 @@ an overrun is loud; a forked child has a keeper of its own."""
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
+import subprocess
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from resource_lease import lock, notify, watch
 from resource_lease.keeper import Callbacks, keeper
+from resource_lease.models import Resource
+from resource_lease.pool import force_release
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -187,3 +193,27 @@ def test_a_forked_child_keeps_nothing_of_its_parent_and_starts_its_own_keeper() 
     finally:
         keeper().cancel(parents)
     assert status == 0 and answer == "ok", answer
+
+
+@pytest.mark.parametrize("drain", [True, False], ids=["engine", "no-drain-control"])
+def test_a_process_that_exits_right_after_a_loss_still_runs_its_on_lost(
+    drain: bool, spawn_worker: Callable[..., subprocess.Popen[str]]
+) -> None:
+    """The keeper finds the lease gone and hands ``on_lost`` to a callback thread (a daemon);
+    the main thread sees ``lost`` and returns at once. The exit waits for the callback
+    (``keeper.EXIT_DRAIN``); the control, an exit that does not, loses it (seen in the Galera
+    node-kill test's holder, whose loss went unreported)."""
+    Resource.objects.create(kind="exit-lost", name="r", busy_before=timezone.now() - dt.timedelta(days=1))
+    args = ["exit-lost"] + ([] if drain else ["--no-drain"])
+    proc = spawn_worker("tests.procs.lost_at_exit", *args, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdin is not None
+    assert proc.stdout.readline().strip() == "acquired"
+    assert force_release(Resource.objects.filter(kind="exit-lost")) == 1  # its next renewal is refused
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "lost seen" in out, out
+    if drain:
+        assert "on_lost ran" in out, out
+    else:
+        assert "on_lost ran" not in out, f"the control ran on_lost anyway: {out}"
