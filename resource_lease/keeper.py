@@ -38,7 +38,8 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from resource_lease.db.connections import close_connections
@@ -289,6 +290,20 @@ class Callbacks:
     def _one_off(self, fn: Callable[..., Any], *args: Any) -> None:
         try:
             fn(*args)
+        finally:
+            with self._cond:
+                self._one_offs -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def expecting(self) -> Iterator[None]:
+        """Count, for ``drain``, as a one-off callback about to be queued (a loss between
+        setting ``lost_event``, which may let the main thread return at once, and queueing
+        its ``on_lost``)."""
+        with self._cond:
+            self._one_offs += 1
+        try:
+            yield
         finally:
             with self._cond:
                 self._one_offs -= 1

@@ -21,7 +21,7 @@ from resource_lease.conf import lease_settings
 from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.db.operations import Grant, Operations, ops
 from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost, NoResourceAvailable
-from resource_lease.keeper import dispatch
+from resource_lease.keeper import dispatch, keeper
 from resource_lease.models import Resource
 from resource_lease.validation import (
     Options,
@@ -281,18 +281,20 @@ class Lease:
         """Record that the lease is gone, once: ``lost`` turns True with ``lost_reason``, its
         background renewal stops, ``lease_lost`` is sent and ``on_lost`` called. For what
         learns of the loss outside the lease (the renewal policy, a recipe's fenced write)."""
-        with self._lock:
-            if self.lost_event.is_set() or self._released:
-                return
-            self.lost_reason = reason
-            self.lost_event.set()
-        renewal.renewer().discard(self)
-        logger.warning("lease lost: %r: %s", self, reason)
-        signals.lease_lost.send(sender=Resource, lease=self, reason=reason)
-        if self.on_lost is not None:
-            # Off the keeper's thread when the keeper noticed (a slow on_lost must not stall
-            # every renewal of the process); at once in a thread of the user's (check()).
-            dispatch(self.callback_owner or self, self.on_lost, self)
+        # From the event on, an exiting process waits for the on_lost below (keeper.EXIT_DRAIN).
+        with keeper().callbacks.expecting():
+            with self._lock:
+                if self.lost_event.is_set() or self._released:
+                    return
+                self.lost_reason = reason
+                self.lost_event.set()
+            renewal.renewer().discard(self)
+            logger.warning("lease lost: %r: %s", self, reason)
+            signals.lease_lost.send(sender=Resource, lease=self, reason=reason)
+            if self.on_lost is not None:
+                # Off the keeper's thread when the keeper noticed (a slow on_lost must not stall
+                # every renewal of the process); at once in a thread of the user's (check()).
+                dispatch(self.callback_owner or self, self.on_lost, self)
 
     _mark_lost = mark_lost  # the name this module's own callers use
 
