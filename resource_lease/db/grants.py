@@ -18,6 +18,31 @@ Row = Sequence[Any]
 class GrantStatements(RwLockStatements):
     """The grants; ``Dialect`` supplies the rendered SQL and the vendor's pieces."""
 
+    #: The grant statements in the line form that also leave the caller's place in line,
+    #: where the vendor can in one statement (PostgreSQL: ``LEAVING_LINE``), by (name,
+    #: filtered): the waiter's leaving after it (``LEAVE_LINE``) then deletes nothing, and
+    #: commits no write of its own. Elsewhere empty: the place is left after the grant.
+    leaving: dict[tuple[str, bool], str] = {}
+
+    def grant_row(
+        self,
+        cursor: Any,
+        name: str,
+        params: Sequence[Any],
+        *,
+        turn: Turn,
+        where: str | None,
+        in_line: bool,
+        read_params: Sequence[Any] = (),
+    ) -> Row | None:
+        """Run the grant statement ``name`` in its form (``Turn.forms``); a waiter's grant in
+        the line form leaves its place in the same statement where the vendor can
+        (``leaving``)."""
+        leaving = self.leaving.get((name, where is not None)) if in_line and turn.place else None
+        if leaving is not None:
+            return self.returning_row(cursor, leaving, (*params, turn.place), read_params=read_params)
+        return self.returning_row(cursor, self.statement(name, where, in_line=in_line), params, read_params=read_params)
+
     def acquire(
         self,
         cursor: Any,
@@ -33,13 +58,16 @@ class GrantStatements(RwLockStatements):
         ``where``, encoded) in one conditional statement (the vendor's ACQUIRE_SCAN; a
         newcomer's first try without the line's subquery, ``Turn.forms``)."""
         for in_line in turn.forms:
-            row = self.returning_row(
+            row = self.grant_row(
                 cursor,
-                self.statement("ACQUIRE_SCAN", where, in_line=in_line),
+                "ACQUIRE_SCAN",
                 (
                     *self.grant_params(holder, token, self.ttl_param(ttl), turn),
                     *self.grantable(kind, turn, where, in_line=in_line),
                 ),
+                turn=turn,
+                where=where,
+                in_line=in_line,
                 read_params=(token,),
             )
             if row is not None:
@@ -98,14 +126,17 @@ class GrantStatements(RwLockStatements):
         between callers that chose the same row.
         """
         for in_line in turn.forms:
-            row = self.returning_row(
+            row = self.grant_row(
                 cursor,
-                self.statement("GRANT_BY_ID", where, in_line=in_line),
+                "GRANT_BY_ID",
                 (
                     *self.grant_params(holder, token, self.ttl_param(ttl), turn),
                     pk,
                     *self.grantable(kind, turn, where, in_line=in_line),
                 ),
+                turn=turn,
+                where=where,
+                in_line=in_line,
                 read_params=(pk, token),
             )
             if row is not None:
@@ -122,14 +153,17 @@ class GrantStatements(RwLockStatements):
         finds the row, and the matched-row count decides the race.
         """
         for in_line in turn.forms:
-            row = self.returning_row(
+            row = self.grant_row(
                 cursor,
-                self.statement("GRANT_BY_NAME", None, in_line=in_line),
+                "GRANT_BY_NAME",
                 (
                     *self.grant_params(holder, token, self.ttl_param(ttl), turn),
                     name,
                     *self.grantable(kind, turn, None, name, in_line=in_line),
                 ),
+                turn=turn,
+                where=None,
+                in_line=in_line,
                 read_params=(kind, name, token),
             )
             if row is not None:

@@ -124,6 +124,17 @@ RW_READ_RELEASE = (
 )
 
 
+# A waiter's grant in the line form ({grant}: ACQUIRE_SCAN, GRANT_BY_ID, GRANT_BY_NAME or
+# GRANT_SAMPLED, rendered) that also leaves its place if it granted, in the same statement and
+# commit: the waiter's LEAVE_LINE after it then deletes nothing and writes no WAL, so the
+# grant's hand-off costs one commit flush, not two. The DELETE reads the grant's own RETURNING
+# (the same snapshot), so a refused grant leaves nothing. (the grant's parameters, place id)
+LEAVING_LINE = (
+    "WITH g AS ({grant}), gone AS (DELETE FROM {waiters} WHERE id = {p} AND EXISTS (SELECT 1 FROM g)) SELECT * FROM g"
+)
+#: The grant statements a waiter's place leaves with (``LEAVING_LINE``).
+LEAVING_GRANTS = ("ACQUIRE_SCAN", "GRANT_BY_ID", "GRANT_BY_NAME", "GRANT_SAMPLED")
+
 #: Executions of one statement on a connection before psycopg prepares it (psycopg's default):
 #: a lease statement is prepared on its sixth run, a one-off read never.
 PREPARE_THRESHOLD = 5
@@ -159,6 +170,15 @@ class PostgreSQLDialect(Dialect):
     json_cast = "CAST({} AS jsonb)"
     where_types = {"str": "string", "int": "number", "true": "boolean", "false": "boolean", "null": "null"}
     line_channel = LINE_CHANNEL
+
+    def __init__(self, connection: Any) -> None:
+        super().__init__(connection)
+        pieces = self.pieces()
+        self.leaving = {
+            (name, filtered): LEAVING_LINE.format(grant=self.forms[True, filtered][name], **pieces)
+            for name in LEAVING_GRANTS
+            for filtered in (False, True)
+        }
 
     def pieces(self) -> dict[str, str]:
         return {
@@ -237,14 +257,17 @@ class PostgreSQLDialect(Dialect):
         where: str | None = None,
     ) -> Row | None:
         in_line = turn.forms[0]  # a probe is a guess: the scan after it tries the line form
-        return self.returning_row(
+        return self.grant_row(
             cursor,
-            self.statement("GRANT_SAMPLED", where, in_line=in_line),
+            "GRANT_SAMPLED",
             (
                 *self.grant_params(holder, token, self.ttl_param(ttl), turn),
                 sampled[0],
                 *self.grantable(kind, turn, where, in_line=in_line),
             ),
+            turn=turn,
+            where=where,
+            in_line=in_line,
         )
 
     def classify(self, exc: BaseException) -> Failure:

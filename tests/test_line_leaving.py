@@ -1,0 +1,94 @@
+"""A waiter's grant and its leaving of the line: on PostgreSQL one statement does both
+(``db/postgresql.py``'s ``LEAVING_LINE``: one commit flush per hand-off, not two), and only
+if it granted; elsewhere the waiter leaves after its grant (``LEAVE_LINE``). On every backend,
+once the wait is over the place is gone and a refused grant kept it.
+
+Negative control: a leaving that does not depend on the grant (the DELETE without its
+``EXISTS (SELECT 1 FROM g)``) drops the place of a waiter whose grant was refused, which the
+same check catches: the waiter would have left the line without being served."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from resource_lease import lock
+from resource_lease.db.connections import lease_connection
+from resource_lease.db.line import Turn
+from resource_lease.db.operations import ops
+from resource_lease.models import Waiter
+from resource_lease.recipes.locks import LOCK_KIND
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _enter(kind: str, name: str, holder: str) -> int:
+    return ops("default").enter_line(kind, name, holder=holder, priority=0, where=None, ttl=30)
+
+
+def _grant(kind: str, name: str, holder: str, place: int) -> Any:
+    o = ops("default")
+    row, _ = o.grant(kind, o.grant_by_name(kind, name, holder=holder, ttl=30, turn=Turn(place=place)))
+    return row
+
+
+def _places(*ids: int) -> int:
+    return Waiter.objects.filter(id__in=ids).count()
+
+
+@pytest.mark.parametrize("variant", ["engine", "negative-control"])
+def test_a_waiters_grant_leaves_its_place_only_if_it_granted(
+    variant: str, monkeypatch: pytest.MonkeyPatch, make_pool: Callable[..., Any]
+) -> None:
+    dialect = lease_connection("default").dialect
+    if variant == "negative-control":
+        if not dialect.leaving:
+            pytest.skip(f"{connection.vendor} leaves the line after the grant (no leaving form to break)")
+        broken = {key: sql.replace(" AND EXISTS (SELECT 1 FROM g)", "") for key, sql in dialect.leaving.items()}
+        assert broken != dialect.leaving
+        monkeypatch.setattr(dialect, "leaving", broken)
+    held = lock("leaving", ttl=300, timeout=0)
+    first = _enter(LOCK_KIND, "leaving", "first")
+    second = _enter(LOCK_KIND, "leaving", "second")
+    # The first waiter's try while the lock is held: refused, and its place is kept.
+    refused = _grant(LOCK_KIND, "leaving", "first", first)
+    kept = _places(first)
+    assert held.release()
+    # Its try once the lock is free: granted; the second waiter is still in line.
+    granted = _grant(LOCK_KIND, "leaving", "first", first)
+    left_by_grant = _places(first) == 0
+    second_kept = _places(second)
+    ops("default").leave_line(first)  # the waiter's own leaving, as Waiting.cleanup does
+    ops("default").leave_line(second)
+    checks = {
+        "refused while held": refused is None,
+        "refused grant kept its place": kept == 1,
+        "granted once free": granted is not None,
+        "the other waiter kept its place": second_kept == 1,
+        "the grant itself left the line where the vendor can": left_by_grant == bool(dialect.leaving),
+        "no place left after leaving": _places(first, second) == 0,
+    }
+    failed = [what for what, ok in checks.items() if not ok]
+    if variant == "engine":
+        assert not failed, failed
+    else:
+        # The place dropped with the refusal: the waiter is out of the line, and its next
+        # try (as a place no longer live) is refused too.
+        assert "refused grant kept its place" in failed, failed
+
+
+def test_the_leaving_forms_are_those_of_the_grant_statements() -> None:
+    """PostgreSQL renders a leaving form of each grant a waiter runs (with and without a
+    where= filter), each the line form of the grant with the place's DELETE after it."""
+    dialect = lease_connection("default").dialect
+    if connection.vendor != "postgresql":
+        assert dialect.leaving == {}
+        return
+    names = {name for name, _ in dialect.leaving}
+    assert names == {"ACQUIRE_SCAN", "GRANT_BY_ID", "GRANT_BY_NAME", "GRANT_SAMPLED"}
+    for (name, filtered), sql in dialect.leaving.items():
+        assert dialect.forms[True, filtered][name] in sql
+        assert sql.endswith("AND EXISTS (SELECT 1 FROM g)) SELECT * FROM g")
