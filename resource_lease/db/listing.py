@@ -30,7 +30,8 @@ FORMS = {"+newcomer": (False, False), "+where": (True, True), "+newcomer+where":
 def rendered(vendor: str) -> dict[str, str]:
     """The statements a dialect of ``vendor`` renders, by name (no connection needed); a lease
     statement whose other forms differ has them there too: ``NAME+newcomer`` (a newcomer's
-    first try, UNMARKED for LINE_CLEAR), ``NAME+where`` (with a caller's ``where=``) and both."""
+    first try, UNMARKED for LINE_CLEAR), ``NAME+where`` (with a caller's ``where=``) and both;
+    ``NAME+leaving`` a waiter's grant that leaves its place too (``Dialect.leaving``)."""
     handler = ConnectionHandler({"default": {"ENGINE": BACKENDS[vendor], "NAME": "listing"}})
     dialect = dialect_class(vendor)(handler["default"])
     sql = dict(dialect.sql)
@@ -38,6 +39,8 @@ def rendered(vendor: str) -> dict[str, str]:
         for name, text in dialect.forms[form].items():
             if text != dialect.sql[name]:
                 sql[f"{name}{suffix}"] = text
+    for (name, filtered), text in dialect.leaving.items():
+        sql[f"{name}+leaving{'+where' if filtered else ''}"] = text
     return sql
 
 
@@ -52,7 +55,7 @@ def listing() -> str:
         "`db/mysql.py`, `db/postgresql.py` and `db/sqlite.py`; this is what they render to.",
         "`{holes}` are filled per call. A grant comes in forms: `NAME` checks the line of waiters,",
         "`NAME+newcomer` only that no waiter marked the row (a newcomer's first try), `NAME+where`",
-        "has a caller's `where=`.",
+        "has a caller's `where=`, `NAME+leaving` (PostgreSQL) also deletes the waiter's place when it grants.",
     ]
     for vendor in BACKENDS:
         sql = rendered(vendor)
