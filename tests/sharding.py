@@ -16,7 +16,8 @@ and which wait for a phase of their own (``RESOURCE_LEASE_TEST_PHASE``).
   the other.
 - Tests marked ``restarts_server`` restart the database server under test: in a sharded run
   they would cut the other shard's connections, so they run in phase ``restarts``, after
-  every shard of phase ``main`` has finished.
+  every shard of phase ``main`` of their backend has finished (``scripts/test``: the other
+  backends' shards may still run; they use servers of their own).
 
 Without ``RESOURCE_LEASE_TEST_SHARD`` every test runs (``scripts/test -- ...``, plain pytest).
 
