@@ -7,7 +7,7 @@ from typing import Any
 
 LABELS = {
     "engine": "resource_lease (line)",
-    "before": "resource_lease before (polling)",
+    "before": "resource_lease before (the --before checkout)",
     "zookeeper": "kazoo on ZooKeeper",
     "redis-lock": "python-redis-lock",
     "redis-py": "redis-py Lock (0.1 s poll)",
