@@ -57,7 +57,8 @@ def left(backend: str, state: dict[str, Any], elapsed: float) -> str:
 
 def status(backend: str, state: dict[str, Any] | None) -> str:
     if state is None:
-        return f"{backend} starting"
+        # A backend's restarts run starts once its shards are done (scripts/test's run_phased).
+        return f"{backend} after its shards" if backend.endswith("-restarts") else f"{backend} starting"
     elapsed = time.time() - state["started"]
     total = state.get("collected")
     if total is None:

@@ -88,7 +88,7 @@ def test_the_leaving_forms_are_those_of_the_grant_statements() -> None:
         assert dialect.leaving == {}
         return
     names = {name for name, _ in dialect.leaving}
-    assert names == {"ACQUIRE_SCAN", "GRANT_BY_ID", "GRANT_BY_NAME", "GRANT_SAMPLED"}
+    assert names == {"ACQUIRE_SCAN", "GRANT_BY_ID", "GRANT_BY_NAME", "GRANT_SAMPLED", "RW_READ", "RW_WRITE"}
     for (name, filtered), sql in dialect.leaving.items():
         assert dialect.forms[True, filtered][name] in sql
         assert sql.endswith("AND EXISTS (SELECT 1 FROM g)) SELECT * FROM g")

@@ -164,6 +164,31 @@ class LineStatements:
         caller's ``where=`` filter if any."""
         return self.forms[in_line, where is not None][name]
 
+    #: The grant statements in the line form that also leave the caller's place in line,
+    #: where the vendor can in one statement (PostgreSQL: ``LEAVING_LINE``), by (name,
+    #: filtered): the waiter's leaving after it (``LEAVE_LINE``) then deletes nothing, and
+    #: commits no write of its own. Elsewhere empty: the place is left after the grant.
+    leaving: dict[tuple[str, bool], str] = {}
+
+    def grant_row(
+        self,
+        cursor: Any,
+        name: str,
+        params: Sequence[Any],
+        *,
+        turn: Turn,
+        where: str | None,
+        in_line: bool,
+        read_params: Sequence[Any] = (),
+    ) -> Sequence[Any] | None:
+        """Run the grant statement ``name`` in its form (``Turn.forms``); a waiter's grant in
+        the line form leaves its place in the same statement where the vendor can
+        (``leaving``)."""
+        leaving = self.leaving.get((name, where is not None)) if in_line and turn.place else None
+        if leaving is not None:
+            return self.returning_row(cursor, leaving, (*params, turn.place), read_params=read_params)
+        return self.returning_row(cursor, self.statement(name, where, in_line=in_line), params, read_params=read_params)
+
     @staticmethod
     def grant_params(holder: str, token: str, ttl_param: Any, turn: Turn) -> tuple[Any, ...]:
         """GRANT_SET's parameters: the holder, the token, the ttl, the caller's lock delay."""

@@ -40,7 +40,8 @@ def rendered(vendor: str) -> dict[str, str]:
             if text != dialect.sql[name]:
                 sql[f"{name}{suffix}"] = text
     for (name, filtered), text in dialect.leaving.items():
-        sql[f"{name}+leaving{'+where' if filtered else ''}"] = text
+        if not filtered or text != dialect.leaving[name, False]:  # a named row's grant has no where=
+            sql[f"{name}+leaving{'+where' if filtered else ''}"] = text
     return sql
 
 

@@ -124,8 +124,8 @@ RW_READ_RELEASE = (
 )
 
 
-# A waiter's grant in the line form ({grant}: ACQUIRE_SCAN, GRANT_BY_ID, GRANT_BY_NAME or
-# GRANT_SAMPLED, rendered) that also leaves its place if it granted, in the same statement and
+# A waiter's grant in the line form ({grant}: ACQUIRE_SCAN, GRANT_BY_ID, GRANT_BY_NAME,
+# GRANT_SAMPLED, or an rwlock's RW_READ and RW_WRITE, rendered) that also leaves its place if it granted, in the same statement and
 # commit: the waiter's LEAVE_LINE after it then deletes nothing and writes no WAL, so the
 # grant's hand-off costs one commit flush, not two. The DELETE reads the grant's own RETURNING
 # (the same snapshot), so a refused grant leaves nothing. (the grant's parameters, place id)
@@ -133,7 +133,7 @@ LEAVING_LINE = (
     "WITH g AS ({grant}), gone AS (DELETE FROM {waiters} WHERE id = {p} AND EXISTS (SELECT 1 FROM g)) SELECT * FROM g"
 )
 #: The grant statements a waiter's place leaves with (``LEAVING_LINE``).
-LEAVING_GRANTS = ("ACQUIRE_SCAN", "GRANT_BY_ID", "GRANT_BY_NAME", "GRANT_SAMPLED")
+LEAVING_GRANTS = ("ACQUIRE_SCAN", "GRANT_BY_ID", "GRANT_BY_NAME", "GRANT_SAMPLED", "RW_READ", "RW_WRITE")
 
 #: Executions of one statement on a connection before psycopg prepares it (psycopg's default):
 #: a lease statement is prepared on its sixth run, a one-off read never.

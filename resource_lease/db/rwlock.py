@@ -23,10 +23,13 @@ class RwLockStatements(LineStatements):
         """A read grant of the row (kind, name) if no writer holds it nor waits ahead of the
         caller's ``turn`` (one conditional UPDATE of the row); the row as granted."""
         ttl_param = self.ttl_param(ttl)
-        row = self.returning_row(
+        row = self.grant_row(
             cursor,
-            self.sql["RW_READ"],
+            "RW_READ",
             (holder, token, ttl_param, ttl_param, float(turn.lock_delay), name, kind, *turn.params(name)),
+            turn=turn,
+            where=None,
+            in_line=True,
             read_params=(kind, name),
         )
         if row is None:
@@ -40,14 +43,17 @@ class RwLockStatements(LineStatements):
     ) -> Row | None:
         """A write grant of the row (kind, name) if it is free (no live reader nor writer) and
         nobody waits ahead of the caller's ``turn``; the row as granted."""
-        return self.returning_row(
+        return self.grant_row(
             cursor,
-            self.sql["RW_WRITE"],
+            "RW_WRITE",
             (
                 *self.grant_params(holder, token, self.ttl_param(ttl), turn),
                 name,
                 *self.grantable(kind, turn, None, name),
             ),
+            turn=turn,
+            where=None,
+            in_line=True,
             read_params=(kind, name, token),
         )
 
