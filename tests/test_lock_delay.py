@@ -108,7 +108,8 @@ def without_the_delay_condition() -> Iterator[None]:
     """The negative control: this thread's grant statements with the lock delay's condition
     made always true (the library's own statements are untouched elsewhere)."""
     dialect = lease_connection().dialect
-    tables = [dialect.sql, *dialect.forms.values()]  # every form of every grant
+    # Every form of every grant (PostgreSQL: a waiter's grant that leaves its place too).
+    tables = [dialect.sql, *dialect.forms.values(), *([dialect.leaving] if dialect.leaving else [])]
     saved = [dict(sql) for sql in tables]
     over = dialect.sql["DELAY_OVER"]
     for sql in tables:
