@@ -5,8 +5,8 @@
 
 For S seconds, again and again: lease a resource of kind K (``acquire``), or take the lock N
 (``lock``), or with ``--slots`` a slot of the semaphore N (``semaphore``); run the critical
-section under it and record the grant (tests/ledger.py); release it. A release refused (the
-grant was lost inside its ttl) ends the worker with an error.
+section under it and record the grant (tests/ledger.py); release it. A release refused while
+the lease was still trusted here (lost inside its ttl) ends the worker with an error.
 
 ``--naive`` is the negative control the checker must catch: a deliberately broken acquire
 that looks for a free row and then takes it with an unconditional UPDATE.
@@ -124,7 +124,12 @@ def main() -> None:
             continue
         work_and_record(args.dir, worker, lease.resource.pk, lease.fence, args.hold)
         grants += 1
-        if not lease.release():
+        if not lease.release() and lease.remaining() > 0:
+            # Refused while its local deadline (counted from before the last grant or renewal
+            # was sent, less the safety margin) had still not passed when the answer came: the
+            # database let the lease go inside its ttl. A worker starved of the CPU past its
+            # ttl between its grant and its release (CI's start-up, a 1 s ttl) is refused
+            # rightly, and the ledger judges what it trusted.
             raise SystemExit(f"release of {lease!r} refused: the lease was lost inside its ttl")
 
 
