@@ -108,6 +108,11 @@ class Place:
         self.ttl = ttl
         self.turn = Turn(place, priority)
         self.lost = False
+        #: A grant with this place is being tried (``Waiting.steps``): on PostgreSQL a grant
+        #: deletes its place as it commits (``Dialect.leaving``), so a renewal meanwhile that
+        #: finds it gone does not know yet whether it was served or had expired.
+        self.attempting = False
+        self._gone_while_attempting = False
         self._waker = waker
         self._deadline = sent_at + ttl
         # When the line's rows were last marked for this place: as it was taken, or (a mark
@@ -132,8 +137,11 @@ class Place:
         )
         stats.renewals += 1
         if not kept:
-            self.mark_lost("the place expired before its renewal (the waiter was paused past its ttl)")
-            raise LeaseLost(f"{self!r} expired")
+            if self.attempting:
+                self._gone_while_attempting = True  # judged once the attempt ends (``attempted``)
+            else:
+                self.mark_lost("the place expired before its renewal (the waiter was paused past its ttl)")
+            raise LeaseLost(f"{self!r} is gone")
         self._deadline = sent_at + self.ttl
         if mark:
             self._marked_at = sent_at
@@ -141,6 +149,13 @@ class Place:
 
     def remaining(self) -> float:
         return max(0.0, self._deadline - time.monotonic())
+
+    def attempted(self, granted: bool) -> None:
+        """A grant with this place has been tried (``attempting``): not granted, a renewal
+        meanwhile that found the place gone had found it expired."""
+        self.attempting = False
+        if self._gone_while_attempting and not granted:
+            self.mark_lost("the place expired before its renewal (the waiter was paused past its ttl)")
 
     def mark_lost(self, reason: str) -> None:
         if not self.lost:
@@ -427,7 +442,11 @@ class Waiting:
             if try_now:
                 try_now = False
                 stats.attempts += 1
-                result = yield Attempt(place.turn.trying(candidates))
+                place.attempting, result = True, None
+                try:
+                    result = yield Attempt(place.turn.trying(candidates))
+                finally:
+                    place.attempted(granted=result is not None)
                 candidates = ()
                 if result is not None:
                     return result

@@ -92,3 +92,35 @@ def test_the_leaving_forms_are_those_of_the_grant_statements() -> None:
     for (name, filtered), sql in dialect.leaving.items():
         assert dialect.forms[True, filtered][name] in sql
         assert sql.endswith("AND EXISTS (SELECT 1 FROM g)) SELECT * FROM g")
+
+
+@pytest.mark.parametrize("variant", ["engine", "negative-control"])
+def test_a_place_gone_while_its_grant_is_tried_is_lost_only_if_the_grant_failed(variant: str) -> None:
+    """On PostgreSQL the grant deletes the place as it commits, a moment before the waiter
+    stops renewing it: a renewal in between finds the place gone. The place is judged lost
+    (expired: the waiter takes a new one) only if the grant it was tried with failed.
+    Simulated on every backend: the place's row deleted while ``attempting``. Negative control:
+    a place that does not defer (``attempting`` never set) is lost even when served."""
+    from resource_lease import line as line_module
+    from resource_lease.exceptions import LeaseLost
+    from resource_lease.renewal import renewer
+    from resource_lease.wakeups import Waker
+
+    outcomes = {}
+    for granted in (True, False):
+        line = line_module.Line("default", LOCK_KIND, f"gone-{granted}")
+        place = line_module._enter(line, holder="w", priority=0, where=None, ttl=30, waker=Waker())
+        renewer().discard(place)  # this test renews by hand
+        place.attempting = variant == "engine"
+        Waiter.objects.filter(id=place.id).delete()  # as a granting LEAVING_LINE does
+        with pytest.raises(LeaseLost):
+            place.renew()
+        place.attempted(granted=granted)
+        outcomes[granted] = place.lost
+        ops("default").leave_line(place.id)
+    checks = {"served: not lost": outcomes[True] is False, "refused: lost": outcomes[False] is True}
+    failed = [what for what, ok in checks.items() if not ok]
+    if variant == "engine":
+        assert not failed, failed
+    else:
+        assert failed == ["served: not lost"], failed
