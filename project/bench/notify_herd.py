@@ -55,8 +55,14 @@ def listener(kind: str) -> None:
     sys.stdout.flush()
     sys.stdin.readline()  # GO
     before, seen = resource.getrusage(resource.RUSAGE_SELF), woken[0]
-    sys.stdin.readline()  # DONE: every notification sent
-    time.sleep(0.5)  # the last ones heard
+    # DONE <n>: every notification sent, n of them for this waiter's kind. The last ones are
+    # heard within 0.5 s on a quiet machine; on a loaded one (CI's shards at their peak) the
+    # LISTEN thread may take longer, so the count of this kind is waited for (10 s at most).
+    expected = int(sys.stdin.readline().split()[1])
+    heard_by = time.monotonic() + 10.0
+    while woken[0] - seen < expected and time.monotonic() < heard_by:
+        time.sleep(0.05)
+    time.sleep(0.5)  # any more (a wake-up too many would show)
     after = resource.getrusage(resource.RUSAGE_SELF)
     stop.set()
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
@@ -102,7 +108,7 @@ def measure(
         answers = []
         for proc in procs:
             assert proc.stdout is not None and proc.stdin is not None
-            proc.stdin.write("DONE\n")
+            proc.stdin.write(f"DONE {notifications if kind == WOKEN else 0}\n")
             proc.stdin.flush()
             cpu, woken = proc.stdout.readline().split()
             answers.append((float(cpu), int(woken)))
