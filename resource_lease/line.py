@@ -154,7 +154,8 @@ class Place:
         """A grant with this place has been tried (``attempting``): not granted, a renewal
         meanwhile that found the place gone had found it expired."""
         self.attempting = False
-        if self._gone_while_attempting and not granted:
+        gone, self._gone_while_attempting = self._gone_while_attempting, False
+        if gone and not granted:
             self.mark_lost("the place expired before its renewal (the waiter was paused past its ttl)")
 
     def mark_lost(self, reason: str) -> None:

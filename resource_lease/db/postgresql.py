@@ -125,8 +125,8 @@ RW_READ_RELEASE = (
 
 
 # A waiter's grant in the line form ({grant}: ACQUIRE_SCAN, GRANT_BY_ID, GRANT_BY_NAME,
-# GRANT_SAMPLED, or an rwlock's RW_READ and RW_WRITE, rendered) that also leaves its place if it granted, in the same statement and
-# commit: the waiter's LEAVE_LINE after it then deletes nothing and writes no WAL, so the
+# GRANT_SAMPLED, or an rwlock's RW_READ and RW_WRITE, rendered) that also leaves its place if
+# it granted, in the same statement and commit: the waiter's LEAVE_LINE after it then deletes nothing and writes no WAL, so the
 # grant's hand-off costs one commit flush, not two. The DELETE reads the grant's own RETURNING
 # (the same snapshot), so a refused grant leaves nothing. (the grant's parameters, place id)
 LEAVING_LINE = (
