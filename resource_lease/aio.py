@@ -58,8 +58,8 @@ class AsyncWaker(Waker):
         self._loop = asyncio.get_running_loop()
         self._event = asyncio.Event()
 
-    def wake(self, *, turn: bool = False) -> None:
-        super().wake(turn=turn)
+    def wake(self, *, turn: bool = False, handed: tuple[int, int] | None = None) -> None:
+        super().wake(turn=turn, handed=handed)
         try:
             self._loop.call_soon_threadsafe(self._event.set)
         except RuntimeError:  # the loop has closed: nobody waits any more
@@ -131,6 +131,7 @@ async def _await_once(wait: Wait[T], waker: AsyncWaker, timeout: float | None, m
         where=wait.where,
         waker=waker,
         shared=wait.shared,
+        handoff=wait.handoff,
     )
     steps = waiting.steps()
     try:

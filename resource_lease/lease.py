@@ -8,7 +8,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
@@ -34,7 +34,7 @@ from resource_lease.validation import (
     check_timeout,
     check_where,
 )
-from resource_lease.wakeups import wake_row
+from resource_lease.wakeups import board, wake_row
 
 logger = logging.getLogger("resource_lease")
 
@@ -210,8 +210,13 @@ class Lease:
         renewal.renewer().discard(self)  # no more background renewals
         # An answer lost with the connection is settled by the operation (run again, else
         # read back whether the first one released it: docs/pitfalls.md#unknown-outcome).
-        released = self._ops().release(**self._key())
-        if released:
+        released, handed_to = self._ops().release_to_line(**self._key())
+        if handed_to:
+            # Handed to the head of its line: nothing is free for the others. A waiter of
+            # this process that was handed it reads it at once (the release's NOTIFY tells
+            # one of another process).
+            board().wake_turn(self.using, handed_to, handed=self.resource.pk)
+        elif released:
             # Waiters of this process need not wait for their next look (on PostgreSQL the
             # release's NOTIFY wakes the other processes' waiters too).
             wake_row(self.using, self.kind, self.resource.name)
@@ -461,6 +466,7 @@ def acquiring(
         ttl=ttl,
         priority=priority,
         where=where_sql,
+        handoff=not delay,
     )
 
 
@@ -492,21 +498,36 @@ def attempt_grant(
     matches its ``where``; the holder's lock step passes ``grant_by_id``, a named row
     ``grant_by_name``; an rwlock's read grant ``grant_read`` with ``lease_class`` its
     ``ReadLease``). Package-internal: use ``acquire()``.
+
+    A ``turn`` that claims (``Turn.claiming``) runs no grant: it reads the grant a release
+    handed to its place (PostgreSQL's RELEASE, ``db.line.LineStatements.hands_off``).
     """
     engine = ops(alias)
-    if statement is None:
-        statement = engine.grant_any(kind, holder=holder, ttl=ttl, turn=turn, where=where, where_sql=where_sql)
-    for tries_left in (1, 0):
+    row: Sequence[Any] | None
+    if turn.claim:
         sent_at = time.monotonic()
-        row, settled = engine.grant(kind, statement)
-        if row is None and settled and tries_left:
-            # Settled: nothing was granted. Most often the statement never reached the server
-            # (a session it had dropped: idle timeout, restart); run it once more on the new
-            # connection, or a single attempt would report free resources as none.
-            continue
-        break
-    if row is None:
-        return None
+        claimed = engine.claim_handed(kind, token=turn.token, pk=turn.row)
+        if claimed is None:
+            return None
+        row, left = claimed
+        # Granted by a release this waiter never saw: its local deadline counts from this
+        # read, with the seconds the database said were left (as if sent that much earlier).
+        sent_at -= max(0.0, ttl - left)
+    else:
+        if statement is None:
+            statement = engine.grant_any(kind, holder=holder, ttl=ttl, turn=turn, where=where, where_sql=where_sql)
+        for tries_left in (1, 0):
+            sent_at = time.monotonic()
+            row, settled = engine.grant(kind, statement)
+            if row is None and settled and tries_left:
+                # Settled: nothing was granted. Most often the statement never reached the
+                # server (a session it had dropped: idle timeout, restart); run it once more
+                # on the new connection, or a single attempt would report free resources as
+                # none.
+                continue
+            break
+        if row is None:
+            return None
     resource = engine.dialect.to_resource(row)
     lease = (lease_class or Lease)(resource, holder=holder, ttl=ttl, using=alias, sent_at=sent_at, on_lost=on_lost)
     if arrived_dead(lease):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from typing import Any, Generic, TypeVar
 from resource_lease import metrics, renewal
 from resource_lease.conf import lease_settings
 from resource_lease.db.connections import LockWaitTimeout
-from resource_lease.db.line import ARRIVING, NEWCOMER, Look, Turn
+from resource_lease.db.line import ARRIVING, NEWCOMER, Look, Turn, left_by_grant
 from resource_lease.db.line import Place as WaitingPlace
 from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseDatabaseError, LeaseLost
@@ -75,6 +76,9 @@ class Stats:
         self.enter_lock_waits = 0  # places not taken: the statement waited out the lock wait timeout
         self.first_tries_skipped = 0  # newcomers that went straight to a place: their line was marked
         self.marks_skipped = 0  # places taken without marking the line: this process had just marked it
+        self.claims = 0  # grants read that a release handed to a place (one read each)
+        self.handed = 0  # ... of which found a grant
+        self.handed_back = 0  # grants handed to a waiter that had left (given back as it left)
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -100,14 +104,20 @@ class Place:
         sent_at: float,
         waker: Waker,
         marked_at: float | None = None,
+        token: str = "",
     ) -> None:
         self.line = line
         self.id = place
         self.where = where
         self.priority = priority
         self.ttl = ttl
-        self.turn = Turn(place, priority)
+        #: A release may hand this place a row in its own statement, held under ``token``
+        #: (``Dialect.hands_off``): a place found gone may have been served.
+        self.token = token
+        self.turn = Turn(place, priority, token=token)
         self.lost = False
+        #: Found gone by its renewal, handed a row or expired (``mark_gone``).
+        self.gone = False
         #: A grant with this place is being tried (``Waiting.steps``): on PostgreSQL a grant
         #: deletes its place as it commits (``Dialect.leaving``), so a renewal meanwhile that
         #: finds it gone does not know yet whether it was served or had expired.
@@ -139,6 +149,8 @@ class Place:
         if not kept:
             if self.attempting:
                 self._gone_while_attempting = True  # judged once the attempt ends (``attempted``)
+            elif self.token:
+                self.mark_gone()  # handed a row, or expired: its waiter reads which
             else:
                 self.mark_lost("the place expired before its renewal (the waiter was paused past its ttl)")
             raise LeaseLost(f"{self!r} is gone")
@@ -163,6 +175,12 @@ class Place:
             self.lost = True
             logger.info("%r lost: %s; taking a place at the back", self, reason)
             self._waker.wake()
+
+    def mark_gone(self) -> None:
+        """Found gone, by a renewal, where a release may have handed it a row: its waiter
+        reads its grant, and only if there is none takes a place at the back (``gone``)."""
+        self.gone = True
+        self._waker.wake()
 
     def renew_in_background(self) -> float | None:
         interval = self.ttl * float(lease_settings.RENEW_FRACTION)
@@ -215,15 +233,26 @@ def fresh_mark(line: Line, where: str | None, ttl: float, now: float) -> float |
 
 
 def _enter(
-    line: Line, *, holder: str, priority: int, where: str | None, ttl: float, waker: Waker, shared: bool = False
+    line: Line,
+    *,
+    holder: str,
+    priority: int,
+    where: str | None,
+    ttl: float,
+    waker: Waker,
+    shared: bool = False,
+    handoff: bool = False,
 ) -> Place:
-    """Take a place at the back of ``line`` (``shared``: as a reader of an rwlock); its
+    """Take a place at the back of ``line`` (``shared``: as a reader of an rwlock; ``handoff``:
+    one that a release may hand a grant of ``ttl`` seconds, where the database can); its
     renewal starts at once."""
     _purge_now_and_then(line)
     sent_at = time.monotonic()
     marked_at = fresh_mark(line, where, ttl, sent_at) if line.marked else None
     mark = line.marked and marked_at is None
-    place = ops(line.alias).enter_line(
+    engine = ops(line.alias)
+    token = secrets.token_hex(16) if handoff and engine.dialect.hands_off else ""
+    place = engine.enter_line(
         line.kind,
         line.name,
         holder=holder,
@@ -233,6 +262,8 @@ def _enter(
         shared=shared,
         mark=mark,
         channel=turn_channel(line.alias),
+        grant_ttl=ttl if token else 0.0,
+        token=token or None,
     )
     stats.entered += 1
     if mark:
@@ -240,7 +271,15 @@ def _enter(
     elif line.marked:
         stats.marks_skipped += 1
     entered = Place(
-        line, place, priority=priority, where=where, ttl=ttl, sent_at=sent_at, waker=waker, marked_at=marked_at
+        line,
+        place,
+        priority=priority,
+        where=where,
+        ttl=ttl,
+        sent_at=sent_at,
+        waker=waker,
+        marked_at=marked_at,
+        token=token,
     )
     board().add_place(line.alias, place, waker)
     renewal.renewer().add(entered)
@@ -265,14 +304,38 @@ def _purge_now_and_then(line: Line) -> None:
     ops(line.alias).purge_line(line.kind, line.name)
 
 
-def _leave(place: Place) -> None:
-    """Leave the line now; if the database cannot be told, the place expires after its ttl."""
+def _leave(place: Place, *, gone: bool = False) -> bool | None:
+    """Leave the line now; whether the place was there to delete, None if the database could
+    not be told (the place expires after its ttl). ``gone``: it was deleted in the commit
+    that served its waiter (only this process's bookkeeping is left)."""
     renewal.renewer().discard(place)
     board().remove_place(place.line.alias, place.id)
+    if gone:
+        return False
     try:
-        ops(place.line.alias).leave_line(place.id)
+        return ops(place.line.alias).leave_line(place.id)
     except LeaseDatabaseError as exc:
         logger.warning("could not leave line %s (the place expires after its ttl): %s", place.line, exc)
+        return None
+
+
+def _give_back_handed(place: Place) -> None:
+    """Give back a grant a release handed to ``place`` that its waiter will not take (it
+    gave up, or was served by its own grant meanwhile): released as any grant is, so the
+    release hands it on. If the database cannot be told, the grant runs out by its ttl."""
+    engine = ops(place.line.alias)
+    try:
+        claimed = engine.claim_handed(place.line.kind, token=place.token)
+        if claimed is None:
+            return
+        resource = engine.dialect.to_resource(claimed[0])
+        stats.handed_back += 1
+        logger.info("%r: giving back row %s, handed to it as it left the line", place, resource.pk)
+        _, handed_to = engine.release_to_line(pk=resource.pk, holder=resource.holder, fence=resource.fence)
+        if handed_to:
+            board().wake_turn(place.line.alias, handed_to, handed=resource.pk)
+    except LeaseDatabaseError as exc:
+        logger.warning("%r: could not give back a grant handed to it (it runs out by its ttl): %s", place, exc)
 
 
 def _look(place: Place, where: str | None, shared: bool = False) -> Look:
@@ -349,9 +412,16 @@ class Waiting:
         where: str | None,
         waker: Waker,
         shared: bool = False,
+        handoff: bool = False,
     ) -> None:
         self.line = line
         self.shared = shared
+        #: Its place may be handed a grant by a release (``Wait.handoff``).
+        self.handoff = handoff
+        #: How the wait ended: served by a grant of its own, or by reading the grant a release
+        #: handed its place (``_claim``).
+        self.granted = False
+        self.claimed = False
         self.timeout = timeout
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.holder = holder
@@ -377,6 +447,7 @@ class Waiting:
                 ttl=self.ttl,
                 waker=self.waker,
                 shared=self.shared,
+                handoff=self.handoff,
             )
             return self.place
         except LockWaitTimeout as exc:
@@ -414,6 +485,24 @@ class Waiting:
         board().add((self.line.alias, self.line.kind, self.line.name), self.waker)
         listen(self.line.alias)
 
+    def _claim(self, place: Place, row: int) -> Generator[Step, Any, Any]:
+        """Read the grant a release handed to ``place`` (``row``: the one it named, 0: any);
+        none (the place had expired, or its grant ran out): the place is lost."""
+        place.gone = False
+        stats.claims += 1
+        place.attempting, result = True, None
+        try:
+            result = yield Attempt(place.turn.claiming(row))
+        finally:
+            place.attempting = False
+            place.attempted(granted=True)  # judged here: a renewal meanwhile found it gone, as we know
+        if result is not None:
+            stats.handed += 1
+            self.claimed = True
+        else:
+            place.mark_lost("it was gone and nothing had been handed to it (the waiter was paused past its ttl?)")
+        return result
+
     def steps(self) -> Generator[Step, Any, Any]:
         """The wait, step by step (see the module's docstring); returns the grant or None."""
         if self.timeout != 0 and marked_now(self.line):
@@ -435,6 +524,12 @@ class Waiting:
         look_at = 0.0  # look at once: the first attempt failed a moment ago
         try_now = False
         while True:
+            handed = self.waker.take_handed()
+            if place.token and (place.gone or (handed is not None and handed[0] == place.id)):
+                # A release handed this place a row (it said so, or the place is gone): read it.
+                result = yield from self._claim(place, 0 if handed is None else handed[1])
+                if result is not None:
+                    return result
             if place.lost:
                 place = yield from self._take_place(reenter=True)
                 if place is None:
@@ -450,6 +545,7 @@ class Waiting:
                     place.attempted(granted=result is not None)
                 candidates = ()
                 if result is not None:
+                    self.granted = True
                     return result
             now = time.monotonic()
             if self.deadline is not None and now >= self.deadline:
@@ -457,7 +553,10 @@ class Waiting:
             if now >= look_at:
                 look: Look = yield Call(self._look)
                 if not look.live:
-                    place.mark_lost("the place had expired when its waiter looked (paused past its ttl?)")
+                    if place.token:
+                        place.gone = True  # handed a row (a NOTIFY missed), or expired
+                    else:
+                        place.mark_lost("the place had expired when its waiter looked (paused past its ttl?)")
                     continue
                 estimate = _short_of(look)
                 look_at = now + _interval(look, pushed(self.line.alias))
@@ -484,8 +583,17 @@ class Waiting:
             board().remove((self.line.alias, self.line.kind, self.line.name), self.waker)
             unlisten(self.line.alias)
         if self.place is not None:
-            _leave(self.place)
-            self.place = None
+            place, self.place = self.place, None
+            # Whether a grant of ours found the place there as it left it (PostgreSQL's
+            # ``leaving`` forms), else None.
+            left = left_by_grant.pop((place.line.alias, place.id), None)
+            # Gone already, in the commit that served us (our grant's, or the release that
+            # handed us the row): nothing to delete, and no round trip to delete nothing.
+            there = _leave(place, gone=bool(left) or self.claimed)
+            if place.token and not self.claimed and not (there or left):
+                # Neither our leave nor our grant deleted the place: a release may have handed
+                # it a row a moment before (or it had expired).
+                _give_back_handed(place)
             if self.waker.take_turn():
                 # A release told this waiter its turn, and it did not take it (served by an
                 # earlier turn, or it gave up): the waiters now first may take it.
@@ -503,6 +611,7 @@ def wait_in_line(
     where: str | None = None,
     waker: Waker | None = None,
     shared: bool = False,
+    handoff: bool = False,
 ) -> T | None:
     """Call ``attempt(turn)`` until it grants (returns something other than None) or
     ``timeout`` seconds (None: for ever; 0: one attempt as a newcomer) have passed; then None.
@@ -512,7 +621,10 @@ def wait_in_line(
     (``Dialect.encode_where``), for its looks. ``waker``: pass one to be able to interrupt the
     wait (``waker.wake()``; the next ``attempt`` then raises). ``shared``: the caller is a
     reader of an rwlock (its place lets readers behind it be served with it; only writers
-    ahead of it count). Exceptions propagate at once, and the place is left on the way out.
+    ahead of it count). ``handoff``: a release may hand the caller's place its row where the
+    database can (``Wait.handoff``); ``attempt`` is then also called with a turn that claims
+    (``Turn.claiming``), and must pass it on to ``lease.attempt_grant``. Exceptions propagate
+    at once, and the place is left on the way out.
 
     A grant that is past its local deadline once the place has been left (a hung node held
     that statement up) is given back, and the wait goes on while its timeout lasts
@@ -530,6 +642,7 @@ def wait_in_line(
             where=where,
             waker=waker,
             shared=shared,
+            handoff=handoff,
         )
         if grant is None or in_time(grant) is not None:
             return grant
@@ -561,6 +674,7 @@ def _wait_once(
     where: str | None,
     waker: Waker | None,
     shared: bool,
+    handoff: bool,
 ) -> T | None:
     waiting = Waiting(
         line,
@@ -571,6 +685,7 @@ def _wait_once(
         where=where,
         waker=Waker() if waker is None else waker,
         shared=shared,
+        handoff=handoff,
     )
     steps = waiting.steps()
     try:
@@ -611,6 +726,10 @@ class Wait(Generic[T]):
     where: str | None = None
     #: A reader of an rwlock (``wait_in_line``'s ``shared``).
     shared: bool = False
+    #: A release may hand the caller's place its row in its own statement, where the database
+    #: can (PostgreSQL): ``attempt`` passes a claiming turn on to ``lease.attempt_grant``, and
+    #: the grant carries no lock delay (the hand-off writes none).
+    handoff: bool = False
 
     def run(self, waker: Waker | None = None) -> T:
         """Wait in this thread; the answer of ``conclude``. The wait is measured
@@ -626,6 +745,7 @@ class Wait(Generic[T]):
                 where=self.where,
                 waker=waker,
                 shared=self.shared,
+                handoff=self.handoff,
             )
             return self.finish(grant, measured)
 

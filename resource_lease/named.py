@@ -85,7 +85,9 @@ def try_grant(
 
     statement = ops(alias).grant_by_name(kind, name, holder=holder, ttl=ttl, turn=turn)
     ensure(alias, kind, [name])
-    lease = attempt_grant(kind, ttl=ttl, holder=holder, alias=alias, on_lost=on_lost, statement=statement)
+    lease = attempt_grant(kind, ttl=ttl, holder=holder, alias=alias, on_lost=on_lost, statement=statement, turn=turn)
+    if turn.claim:
+        return lease  # a grant handed to the caller's place, or none: the row exists
     if lease is None and name not in read(alias, kind, [name]).rows:
         forget(alias, kind, name)
         ensure(alias, kind, [name])

@@ -47,14 +47,25 @@ class Waker:
         self._count = 0
         self._seen = 0
         self._turn = False
+        self._handed: tuple[int, int] | None = None
 
-    def wake(self, *, turn: bool = False) -> None:
+    def wake(self, *, turn: bool = False, handed: tuple[int, int] | None = None) -> None:
         """Wake the waiter; ``turn``: a release told it that it may be its turn (it tries at
-        once, however far back its last look saw it)."""
+        once, however far back its last look saw it); ``handed``: (place, row id) a release
+        handed that place of this waiter's that row in its own statement (it reads its grant
+        at once)."""
         with self._cond:
             self._count += 1
-            self._turn = self._turn or turn
+            self._turn = self._turn or turn or handed is not None
+            if handed is not None:
+                self._handed = handed
             self._cond.notify_all()
+
+    def take_handed(self) -> tuple[int, int] | None:
+        """(place, row) a release said it handed this waiter since the last call, or None."""
+        with self._cond:
+            handed, self._handed = self._handed, None
+            return handed
 
     def take_turn(self) -> bool:
         """Whether a turn was told since the last call (and no longer)."""
@@ -88,13 +99,14 @@ class Board:
         with self._lock:
             self._places.pop((alias, place), None)
 
-    def wake_turn(self, alias: str, place: int) -> bool:
-        """Tell the waiter of ``place`` it may be its turn; False if no waiter here has it."""
+    def wake_turn(self, alias: str, place: int, handed: int | None = None) -> bool:
+        """Tell the waiter of ``place`` it may be its turn (``handed``: a release handed it
+        that row); False if no waiter here has it."""
         with self._lock:
             waker = self._places.get((alias, place))
         if waker is None:
             return False
-        waker.wake(turn=True)
+        waker.wake(turn=True, handed=None if handed is None else (place, handed))
         return True
 
     def add(self, key: LineKey, waker: Waker) -> None:
@@ -196,10 +208,16 @@ def _on_turn(alias: str) -> Callable[[str | None], None]:
         if payload is None:
             return  # the listener reconnected: the line channel's callback wakes everyone
         try:
-            place, kind, name = json.loads(payload)
+            place, kind, name, *handed = json.loads(payload)
             place = int(place)
+            row = int(handed[0]) if handed else None
         except (ValueError, TypeError):
             logger.warning("a turn NOTIFY with an unexpected payload: %r", payload)
+            return
+        if row is not None:
+            # A release handed the row to this place: its waiter reads it; one that left
+            # meanwhile gives back what its place was handed as it leaves (``Waiting.cleanup``).
+            _board.wake_turn(alias, place, handed=row)
             return
         if not _board.wake_turn(alias, place):
             # Its waiter was served meanwhile, or gave up: the turn goes to whoever is first

@@ -10,6 +10,7 @@ import pytest
 from django.db import transaction
 
 from resource_lease import Lease, LeaseError, LeaseLost, NoResourceAvailable, acquire, pool
+from resource_lease.line import stats as line_stats
 from resource_lease.models import Resource
 from resource_lease.renewal import renewer
 from tests.late_answers import acquire_short
@@ -305,17 +306,20 @@ def test_concurrent_threads_never_share_a_resource(make_pool) -> None:
                 del held[lease.resource.pk]
             lease.release()
 
+    handed_back = line_stats.handed_back
     threads = [threading.Thread(target=work) for _ in range(5)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert errors == []
+    # Every grant was one of the 75 acquisitions, or (PostgreSQL) a row a release handed to a
+    # waiter whose own grant of another row went through a moment before, given back by it.
     assert (
         Resource.objects.get(name="proxy-0").fence
         + Resource.objects.get(name="proxy-1").fence
         + Resource.objects.get(name="proxy-2").fence
-        == 75
+        == 75 + line_stats.handed_back - handed_back
     )
 
 

@@ -173,7 +173,8 @@ def test_a_newcomer_never_overtakes_a_waiter_and_grants_ignoring_the_line_are_ca
     the machine's timing: a waiter is in line and paused (SIGSTOP: its place stays live for its
     ttl), the row is released, and a newcomer in another process asks with ``timeout=0``. The
     line keeps the row for the waiter: the newcomer is refused. With grants that ignore the
-    line (``--broken``, as the engine was before it) the newcomer takes the row, and the same
+    line (``--broken``, as the engine was before it, in both processes: the waiter takes no
+    hand-off, or PostgreSQL's release would hand it the row) the newcomer takes the row, and the same
     checker as the contention test (``line_checks.overtakes``) catches the overtake. (Under
     contention whether a releaser asking again beats the woken waiter depends on the
     scheduler: on a loaded machine it loses every time, and a check blind by timing proves
@@ -185,7 +186,7 @@ def test_a_newcomer_never_overtakes_a_waiter_and_grants_ignoring_the_line_are_ca
         make_pool("paused-for", 1)
         what, kind, name = "pool:paused-for", "paused-for", ""
         held = acquire("paused-for", ttl=300)
-    waiter = waiting(*line_args(what))
+    waiter = waiting(*line_args(what, *(["--broken"] if broken else [])))
     waiter.next("entered")  # in line, and its place noted (the checker's "entered")
     wait_for_places(kind, name, 1)
     waiter.kill(signal.SIGSTOP)

@@ -91,7 +91,7 @@ def test_the_leaving_forms_are_those_of_the_grant_statements() -> None:
     assert names == {"ACQUIRE_SCAN", "GRANT_BY_ID", "GRANT_BY_NAME", "GRANT_SAMPLED", "RW_READ", "RW_WRITE"}
     for (name, filtered), sql in dialect.leaving.items():
         assert dialect.forms[True, filtered][name] in sql
-        assert sql.endswith("AND EXISTS (SELECT 1 FROM g)) SELECT * FROM g")
+        assert sql.endswith("AND EXISTS (SELECT 1 FROM g) RETURNING id) SELECT g.*, (SELECT COUNT(*) FROM gone) FROM g")
 
 
 @pytest.mark.parametrize("variant", ["engine", "negative-control"])

@@ -34,6 +34,18 @@ class Turn:
     #: Rows the caller's look has just seen free (``Look.free_ids``): a grant in the line form
     #: that would read some free rows first (MySQL's ``acquire_in_line``) tries these instead.
     candidates: tuple[int, ...] = ()
+    #: The token of the caller's place, where a release may hand it a row (``hands_off``);
+    #: '' for a place that takes no hand-off.
+    token: str = ""
+    #: Read the grant a release handed to this place (``claim_handed``) instead of running a
+    #: grant statement: the release told the waiter so (``row``: the row it named, 0 if not
+    #: known), or the place was found gone.
+    claim: bool = False
+    row: int = 0
+
+    def claiming(self, row: int = 0) -> Turn:
+        """This turn, reading the grant a release may have handed its place (the row ``row``)."""
+        return replace(self, claim=True, row=row, candidates=())
 
     def trying(self, candidates: tuple[int, ...]) -> Turn:
         """This turn, with the rows its look saw free to try first."""
@@ -115,6 +127,12 @@ def key_paths(key: str) -> dict[str, str]:
     }
 
 
+#: Whether a waiter's grant that left its place (``leaving``) found the place there, by
+#: (alias, place): if not, a release may have handed the place a row a moment before, which
+#: its waiter gives back as it leaves (``line.Waiting.cleanup``, which takes the entry out).
+left_by_grant: dict[tuple[str, int], bool] = {}
+
+
 class LineStatements:
     """The line's statements; ``Dialect`` supplies the rendered SQL and the vendor's pieces."""
 
@@ -123,6 +141,7 @@ class LineStatements:
     where_types: Mapping[str, str] = {}
     sql: dict[str, str]
     forms: dict[tuple[bool, bool], dict[str, str]]
+    alias: str
     placeholder: str
 
     def ttl_param(self, ttl: float) -> Any:
@@ -170,6 +189,23 @@ class LineStatements:
     #: commits no write of its own. Elsewhere empty: the place is left after the grant.
     leaving: dict[tuple[str, bool], str] = {}
 
+    #: Whether a release hands its row to the head of its line in its own statement
+    #: (PostgreSQL's RELEASE), to a waiter that takes hand-offs (``enter_line``'s
+    #: ``grant_ttl``), which then reads its grant (``claim_handed``). Elsewhere the waiter
+    #: runs its own grant.
+    hands_off = False
+
+    def release_to_line(self, cursor: Any, *, pk: int, holder: str, fence: int) -> tuple[bool, int]:
+        """``Dialect.release``, and the place in line the row was handed to in the same
+        statement (``hands_off`` vendors), or 0."""
+        return self.release(cursor, pk=pk, holder=holder, fence=fence), 0  # type: ignore[attr-defined]
+
+    def claim_handed(self, cursor: Any, *, kind: str, token: str, pk: int = 0) -> tuple[Any, float] | None:
+        """The live grant a release handed to the waiter whose place had ``token`` (the row
+        ``pk`` if known, else any of ``kind``), with the seconds it has left by the
+        database's clock; None if there is none (nothing was handed, or it ran out)."""
+        return None
+
     def grant_row(
         self,
         cursor: Any,
@@ -186,7 +222,11 @@ class LineStatements:
         (``leaving``)."""
         leaving = self.leaving.get((name, where is not None)) if in_line and turn.place else None
         if leaving is not None:
-            return self.returning_row(cursor, leaving, (*params, turn.place), read_params=read_params)
+            row = self.returning_row(cursor, leaving, (*params, turn.place), read_params=read_params)
+            if row is None:
+                return None
+            left_by_grant[self.alias, turn.place] = bool(row[-1])
+            return tuple(row[:-1])
         return self.returning_row(cursor, self.statement(name, where, in_line=in_line), params, read_params=read_params)
 
     @staticmethod
@@ -217,17 +257,31 @@ class LineStatements:
         shared: bool = False,
         mark: bool = True,
         channel: str = "",
+        grant_ttl: float = 0.0,
     ) -> int:
         """Take a place at the back of the line (kind, name) for ``ttl`` seconds, the line's
         rows marked first if ``mark`` (``mark_line``); its id. ``shared``: a reader of an
         rwlock (served with the readers ahead of it). ``channel``: where the waiter's process
-        hears its turn (PostgreSQL: ``wakeups.turn_channel``), or ''."""
+        hears its turn (PostgreSQL: ``wakeups.turn_channel``), or ''. ``grant_ttl``: a release
+        may hand the waiter its row for this long, under ``token`` (``hands_off`` vendors; 0:
+        it takes no hand-off)."""
         if mark:
             self.mark_line(cursor, kind=kind, name=name, where=where, ttl=ttl)
         row = self.returning_row(
             cursor,
             self.sql["ENTER_LINE"],
-            (kind, name, holder, priority, where, shared, token, channel, self.ttl_param(ttl)),
+            (
+                kind,
+                name,
+                holder,
+                priority,
+                where,
+                shared,
+                token,
+                channel,
+                float(grant_ttl) if self.hands_off else 0.0,
+                self.ttl_param(ttl),
+            ),
             read_params=(token,),
         )
         if row is None:
@@ -268,8 +322,10 @@ class LineStatements:
             self.mark_line(cursor, kind=kind, name=name, where=where, ttl=ttl)
         return True
 
-    def leave_line(self, cursor: Any, *, place: int) -> None:
+    def leave_line(self, cursor: Any, *, place: int) -> bool:
+        """Leave the line; whether the place was there to delete."""
         cursor.execute(self.sql["LEAVE_LINE"], (place,))
+        return bool(cursor.rowcount == 1)
 
     def pass_turn(self, cursor: Any, *, kind: str, name: str) -> None:
         """Tell the first waiters of the line (kind, name) that it may be their turn, as a

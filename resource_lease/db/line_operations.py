@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 
+from resource_lease.db.base import Row
 from resource_lease.db.connections import Disconnected, run, run_repeatable
 from resource_lease.db.line import Look, Place, Turn
 
@@ -31,10 +32,14 @@ class LineOperations:
         shared: bool = False,
         mark: bool = True,
         channel: str = "",
+        grant_ttl: float = 0.0,
+        token: str | None = None,
     ) -> int:
         """Take a place at the back of the line (kind, name) for ``ttl`` seconds, the line's
         rows marked first if ``mark``; its id (``shared``: a reader of an rwlock; ``channel``:
-        where its process hears its turn, PostgreSQL)."""
+        where its process hears its turn, PostgreSQL; ``grant_ttl``: the ttl of a grant a
+        release may hand it, ``Dialect.hands_off``; ``token``: the place's token, random if
+        not given, under which a handed grant is held)."""
         what = f"taking a place in line {kind}:{name}" if name else f"taking a place in line {kind}"
 
         def enter(token: str) -> int:
@@ -52,11 +57,12 @@ class LineOperations:
                     shared=shared,
                     mark=mark,
                     channel=channel,
+                    grant_ttl=grant_ttl,
                 ),
                 what=what,
             )
 
-        token = secrets.token_hex(16)
+        token = token or secrets.token_hex(16)
         try:
             return enter(token)
         except Disconnected:
@@ -73,11 +79,12 @@ class LineOperations:
                     holder=holder,
                     priority=priority,
                     where=where,
-                    token=secrets.token_hex(16),
+                    token=token,  # that insert never committed: its token is free
                     ttl=ttl,
                     shared=shared,
                     mark=mark,
                     channel=channel,
+                    grant_ttl=grant_ttl,
                 ),
                 what=what,
             )
@@ -93,8 +100,22 @@ class LineOperations:
             what=f"keeping place {place} in line",
         )
 
-    def leave_line(self, place: int) -> None:
-        run_repeatable(self.alias, lambda d, c: d.leave_line(c, place=place), what=f"leaving line (place {place})")
+    def claim_handed(self, kind: str, *, token: str, pk: int = 0) -> tuple[Row, float] | None:
+        """The live grant a release handed to the place whose token is ``token`` (the row
+        ``pk`` if known), with its seconds left by the database's clock; None if none (a read:
+        repeatable)."""
+        return run_repeatable(
+            self.alias,
+            lambda d, c: d.claim_handed(c, kind=kind, token=token, pk=pk),
+            what=f"reading a grant handed in line {kind}",
+        )
+
+    def leave_line(self, place: int) -> bool:
+        """Leave the line; whether the place was there to delete (repeated after a lost
+        answer, a place the first run deleted reads as not there)."""
+        return run_repeatable(
+            self.alias, lambda d, c: d.leave_line(c, place=place), what=f"leaving line (place {place})"
+        )
 
     def pass_turn(self, kind: str, name: str) -> None:
         """Tell the first waiters of the line (kind, name) that it may be their turn

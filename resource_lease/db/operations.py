@@ -127,16 +127,22 @@ class Operations(ItemOperations, LineOperations, TermOperations):
         )
 
     def release(self, *, pk: int, holder: str, fence: int) -> bool:
-        """Give a grant back: True if it was ours and is free now. An answer lost with the
-        connection is settled: run again, and if that finds nothing to release, read back
-        whether the first one did (``was_released``)."""
+        """Give a grant back: True if it was ours and is free now (or handed to a waiter).
+        An answer lost with the connection is settled: run again, and if that finds nothing
+        to release, read back whether the first one did (``was_released``)."""
+        return self.release_to_line(pk=pk, holder=holder, fence=fence)[0]
+
+    def release_to_line(self, *, pk: int, holder: str, fence: int) -> tuple[bool, int]:
+        """``release``, and the place in line the release handed the row to (PostgreSQL:
+        ``Dialect.hands_off``), 0 if none or not known (a settled answer)."""
         what = f"releasing resource {pk}"
 
-        def release(d: Dialect, c: Any) -> bool:
-            return d.release(c, pk=pk, holder=holder, fence=fence)
+        def release(d: Dialect, c: Any) -> tuple[bool, int]:
+            return d.release_to_line(c, pk=pk, holder=holder, fence=fence)
 
-        def settle(d: Dialect, c: Any) -> bool:
-            return release(d, c) or d.was_released(c, pk=pk, holder=holder, fence=fence)
+        def settle(d: Dialect, c: Any) -> tuple[bool, int]:
+            released = release(d, c)
+            return released if released[0] else (d.was_released(c, pk=pk, holder=holder, fence=fence), 0)
 
         try:
             return run(self.alias, release, what=what)

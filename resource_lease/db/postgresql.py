@@ -90,17 +90,72 @@ TELL_TURNS = (
     " ELSE json_build_array(t.id, r.kind, t.name)::text END)) FROM ({line_turns}) t"
 )
 
-# Give a live grant back (RELEASE), and tell the waiters whose turn it may be in the same
-# statement (TELL_TURNS, delivered when the release commits), only while the row is marked (a
-# waiter may be in line: MARK_LINE; NOTIFY takes a lock at commit that every notifying
-# transaction shares, so a release nobody waits for skips it). One row if released.
-# (id, holder, fence)
+# The first live waiter of a released row (``me``: its kind, name and data, read before), as
+# served (LINE_CLEAR): of the row's own line first, then of the kind's, higher priority first,
+# then who asked first, those whose where= the row does not match aside; locked, so that two
+# releases never hand their rows to one waiter (the second waits for the first to commit and
+# then finds that place gone: it hands nothing and tells turns instead), and a waiter that
+# leaves meanwhile (LEAVE_LINE, its own grant deleting its place) is either handed the row
+# before it leaves, or not at all. Only a row marked for its line (a waiter may be in it),
+# enabled and not in quarantine is handed. (id)
+HEAD_OF_LINE = (
+    "me AS (SELECT kind, name, data FROM {table} WHERE id = {p} AND line_until > {now} AND enabled = {true}"
+    " AND (quarantined_until IS NULL OR quarantined_until <= {now})),"
+    " h AS (SELECT w.id AS place, w.holder AS next_holder, w.token AS next_token, w.grant_ttl AS next_ttl,"
+    " w.channel AS next_channel, w.name AS line_name FROM {waiters} w, me"
+    " WHERE w.kind = me.kind AND (w.name = '' OR (w.name = me.name AND me.name <> ''))"
+    " AND w.expires_at > {now} AND (w.filter IS NULL OR {head_matches})"
+    " ORDER BY w.name = '', w.priority DESC, w.id LIMIT 1 FOR UPDATE OF w)"
+)
+
+# Whether the release hands its row to the head of its line (HEAD_OF_LINE): a waiter that
+# takes hand-offs (its grant_ttl, written as it took its place: not an rwlock's, not one with a
+# lock_delay, not a ResourceHolder's).
+HANDED = "COALESCE(h.next_ttl, 0) > 0"
+
+# Give a live grant back (RELEASE). If the head of the row's line takes hand-offs, the row is
+# granted to it in the same statement, as a grant would (GRANT_SET: fence + 1, its holder,
+# its place's token, expiry by the database's clock after its grant_ttl), its place leaves the
+# line, and its process is told on its channel (place, kind, line name, row id): the waiter
+# then reads its grant by its token (CLAIM_HANDED), one read and no commit of its own. Else
+# the row is freed and the waiters whose turn it may be are told (TELL_TURNS), delivered when
+# the release commits, only while the row is marked (a waiter may be in line: MARK_LINE;
+# NOTIFY takes a lock at commit that every notifying transaction shares, so a release nobody
+# waits for skips it). One row if released: (waiters told, the place handed the row or 0).
+# (id, id, holder, fence)
 RELEASE = (
-    "WITH r AS (UPDATE {table} SET busy_before = {freed_at}, released_at = {now}, grant_token = ''"
-    " WHERE {ours} RETURNING kind, name, data, line_until)"
-    " SELECT ("
+    "WITH " + HEAD_OF_LINE + ", r AS (UPDATE {table} SET"
+    " took_over = CASE WHEN {handed} THEN {false} ELSE took_over END,"
+    " previous_holder = CASE WHEN {handed} THEN holder ELSE previous_holder END,"
+    " fence = CASE WHEN {handed} THEN fence + 1 ELSE fence END,"
+    " holder = CASE WHEN {handed} THEN h.next_holder ELSE holder END,"
+    " grant_token = CASE WHEN {handed} THEN h.next_token ELSE '' END,"
+    " busy_before = CASE WHEN {handed} THEN {now} + make_interval(secs => h.next_ttl) ELSE {freed_at} END,"
+    " acquired_at = CASE WHEN {handed} THEN {now} ELSE acquired_at END,"
+    " renewed_at = CASE WHEN {handed} THEN {now} ELSE renewed_at END,"
+    " released_at = CASE WHEN {handed} THEN NULL ELSE {now} END,"
+    " lock_delay = CASE WHEN {handed} THEN 0 ELSE lock_delay END"
+    " FROM (SELECT 1) one LEFT JOIN h ON TRUE WHERE {ours}"
+    " RETURNING {table}.id AS row_id, kind, name, data, line_until, {handed} AS handed, h.place, h.next_channel,"
+    " h.line_name),"
+    " gone AS (DELETE FROM {waiters} WHERE id = (SELECT place FROM r WHERE handed))"
+    " SELECT CASE WHEN r.handed AND r.next_channel <> '' THEN (SELECT COUNT(*) FROM pg_notify(r.next_channel,"
+    " json_build_array(r.place, r.kind, r.line_name, r.row_id)::text)) WHEN r.handed THEN 0"
+    " ELSE ("
     + TELL_TURNS.replace("{line_turns}", LINE_TURNS.replace("{less}", ""))
-    + " WHERE r.line_until > {now}) FROM r"
+    + " WHERE r.line_until > {now}) END, CASE WHEN r.handed THEN r.place ELSE 0 END FROM r"
+)
+
+# A grant a release handed to a waiter (RELEASE), read by the token of the waiter's place,
+# with the seconds it has left by the database's clock (the waiter's local deadline counts
+# from when it sent this read, not from the release it never saw). (id, token) / (kind, token)
+CLAIM_HANDED_BY_ID = (
+    "SELECT {columns}, EXTRACT(EPOCH FROM busy_before - {now}) FROM {table}"
+    " WHERE id = {p} AND grant_token = {p} AND busy_before > {now}"
+)
+CLAIM_HANDED = (
+    "SELECT {columns}, EXTRACT(EPOCH FROM busy_before - {now}) FROM {table}"
+    " WHERE kind = {p} AND grant_token = {p} AND busy_before > {now}"
 )
 
 # A turn told to a waiter that did not take it (it was served by then, or gave up) passed on
@@ -128,9 +183,12 @@ RW_READ_RELEASE = (
 # GRANT_SAMPLED, or an rwlock's RW_READ and RW_WRITE, rendered) that also leaves its place if
 # it granted, in the same statement and commit: the waiter's LEAVE_LINE after it then deletes nothing and writes no WAL, so the
 # grant's hand-off costs one commit flush, not two. The DELETE reads the grant's own RETURNING
-# (the same snapshot), so a refused grant leaves nothing. (the grant's parameters, place id)
+# (the same snapshot), so a refused grant leaves nothing. The grant's row comes with one more
+# column: whether the place was there to delete (0: a release handed it a row a moment before,
+# which its waiter gives back: ``LineStatements.found_gone``). (the grant's parameters, place id)
 LEAVING_LINE = (
-    "WITH g AS ({grant}), gone AS (DELETE FROM {waiters} WHERE id = {p} AND EXISTS (SELECT 1 FROM g)) SELECT * FROM g"
+    "WITH g AS ({grant}), gone AS (DELETE FROM {waiters} WHERE id = {p} AND EXISTS (SELECT 1 FROM g) RETURNING id)"
+    " SELECT g.*, (SELECT COUNT(*) FROM gone) FROM g"
 )
 #: The grant statements a waiter's place leaves with (``LEAVING_LINE``).
 LEAVING_GRANTS = ("ACQUIRE_SCAN", "GRANT_BY_ID", "GRANT_BY_NAME", "GRANT_SAMPLED", "RW_READ", "RW_WRITE")
@@ -149,6 +207,8 @@ TEMPLATES: dict[str, str | Returning] = {
     "GRANT_BY_ID": GRANT_BY_ID,
     "GRANT_SAMPLED": GRANT_SAMPLED,
     "RELEASE": RELEASE,
+    "CLAIM_HANDED_BY_ID": CLAIM_HANDED_BY_ID,
+    "CLAIM_HANDED": CLAIM_HANDED,
     "PASS_TURN": PASS_TURN,
     "RW_READ_RELEASE": RW_READ_RELEASE,
 }
@@ -170,6 +230,7 @@ class PostgreSQLDialect(Dialect):
     json_cast = "CAST({} AS jsonb)"
     where_types = {"str": "string", "int": "number", "true": "boolean", "false": "boolean", "null": "null"}
     line_channel = LINE_CHANNEL
+    hands_off = True
 
     def __init__(self, connection: Any) -> None:
         super().__init__(connection)
@@ -185,6 +246,8 @@ class PostgreSQLDialect(Dialect):
             **super().pieces(),
             "line_channel": LINE_CHANNEL,
             "turn_matches": self.matches_sql("w.filter", "r.data"),
+            "head_matches": self.matches_sql("w.filter", "me.data"),
+            "handed": HANDED,
         }
 
     def expiry_sql(self, placeholder: str | None = None) -> str:
@@ -206,8 +269,20 @@ class PostgreSQLDialect(Dialect):
         )
 
     def release(self, cursor: Any, *, pk: int, holder: str, fence: int) -> bool:
-        cursor.execute(self.sql["RELEASE"], (pk, holder, fence))
-        return len(cursor.fetchall()) == 1
+        return self.release_to_line(cursor, pk=pk, holder=holder, fence=fence)[0]
+
+    def release_to_line(self, cursor: Any, *, pk: int, holder: str, fence: int) -> tuple[bool, int]:
+        cursor.execute(self.sql["RELEASE"], (pk, pk, holder, fence))
+        rows = cursor.fetchall()
+        return (True, int(rows[0][1])) if rows else (False, 0)
+
+    def claim_handed(self, cursor: Any, *, kind: str, token: str, pk: int = 0) -> tuple[Row, float] | None:
+        if pk:
+            cursor.execute(self.sql["CLAIM_HANDED_BY_ID"], (pk, token))
+        else:
+            cursor.execute(self.sql["CLAIM_HANDED"], (kind, token))
+        rows = cursor.fetchall()
+        return (tuple(rows[0][:-1]), float(rows[0][-1])) if rows else None
 
     def read_release(self, cursor: Any, *, pk: int, fence: int) -> bool:
         cursor.execute(self.sql["RW_READ_RELEASE"], (pk, fence))

@@ -228,11 +228,12 @@ MARK_NAMED = (
 )
 
 # Take a place at the back of a line: (kind, name, holder, priority, filter, shared, token,
-# channel, ttl), its id read back by (token). The channel: where the waiter's process hears
-# its turn (PostgreSQL's RELEASE), '' elsewhere.
+# channel, grant_ttl, ttl), its id read back by (token). The channel: where the waiter's
+# process hears its turn (PostgreSQL's RELEASE), '' elsewhere; grant_ttl: the ttl of the grant
+# a release may hand the waiter (PostgreSQL's RELEASE), 0 elsewhere.
 ENTER_LINE = Returning(
-    "INSERT INTO {waiters} (kind, name, holder, priority, filter, shared, token, channel, since, expires_at)"
-    " VALUES ({p}, {p}, {p}, {p}, {json_param}, {p}, {p}, {p}, {now}, {expiry})",
+    "INSERT INTO {waiters} (kind, name, holder, priority, filter, shared, token, channel, grant_ttl, since, expires_at)"
+    " VALUES ({p}, {p}, {p}, {p}, {json_param}, {p}, {p}, {p}, {p}, {now}, {expiry})",
     returning="id",
     read_back="token = {p}",
     table="{waiters}",

@@ -69,6 +69,12 @@ class Waiter(models.Model):
         help_text="PostgreSQL: the NOTIFY channel of the waiter's process, where a release tells it its turn."
         " Empty: woken with its whole line.",
     )
+    grant_ttl = models.FloatField(
+        default=0.0,
+        db_default=0.0,
+        help_text="PostgreSQL: the ttl (seconds) of the grant a release may hand this waiter in its own statement"
+        " (it then holds the row under its place's token). 0: it takes no hand-off and tries its own grants.",
+    )
     since = models.DateTimeField(help_text="When the caller took its place (database clock).")
     expires_at = models.DateTimeField(
         help_text="The place is lost after this (database clock) unless its process renews it."

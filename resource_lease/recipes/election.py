@@ -155,6 +155,7 @@ class Election:
             timeout=wait,
             holder=self.holder,
             ttl=self.ttl,
+            handoff=True,
         )
 
     def _grant_once(self, *, auto_renew: bool) -> Lease | None:

@@ -363,7 +363,16 @@ def _wait(
             raise LockHeld(f"{what} was taken again each time it was seen free; gave up", name=name)
         return granted(lease, auto_renew=call.auto_renew)
 
-    return Wait(line, attempt, conclude, timeout=call.timeout, holder=call.holder, ttl=call.ttl, priority=call.priority)
+    return Wait(
+        line,
+        attempt,
+        conclude,
+        timeout=call.timeout,
+        holder=call.holder,
+        ttl=call.ttl,
+        priority=call.priority,
+        handoff=not call.lock_delay,
+    )
 
 
 # -- @synchronized ---------------------------------------------------------------------

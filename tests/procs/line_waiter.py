@@ -56,6 +56,16 @@ def break_the_line() -> None:
 
     for cls in (MySQLDialect, PostgreSQLDialect, SQLiteDialect):
         cls.templates = {**cls.templates, "LINE_CLEAR": BROKEN_LINE_CLEAR, "UNMARKED": "{true} = {true}"}
+    take_no_handoffs()
+
+
+def take_no_handoffs() -> None:
+    """This process's waiters take no grant a release would hand them (PostgreSQL's RELEASE
+    hands a row to the head of its line only if the head takes hand-offs): they run their own
+    grant statements, which the controls break, as the engine did before hand-offs."""
+    from resource_lease.db.postgresql import PostgreSQLDialect
+
+    PostgreSQLDialect.hands_off = False
 
 
 #: LINE_CLEAR as it was at first (the negative control of the pool's room): no live waiter
@@ -78,12 +88,14 @@ def serve_the_head_only() -> None:
 
     for cls in (MySQLDialect, PostgreSQLDialect, SQLiteDialect):
         cls.templates = {**cls.templates, "LINE_CLEAR": SERIAL_LINE_CLEAR}
+    take_no_handoffs()
 
 
 #: PostgreSQL's RELEASE before turns were told: a marked row's release NOTIFYs the line channel,
-#: which every process with a waiter listens on (the negative control of ``wakeups``).
+#: which every process with a waiter listens on (the negative control of ``wakeups``). Its
+#: first parameter (the row's id, for today's hand-off) is bound and unused.
 HERD_RELEASE = (
-    "WITH r AS (UPDATE {table} SET busy_before = {freed_at}, released_at = {now}, grant_token = ''"
+    "WITH unused AS (SELECT CAST({p} AS bigint)), r AS (UPDATE {table} SET busy_before = {freed_at}, released_at = {now}, grant_token = ''"
     " WHERE {ours} RETURNING kind, name, line_until)"
     " SELECT (SELECT pg_notify('{line_channel}', json_build_array(r.kind, r.name)::text)"
     " WHERE r.line_until > {now}) FROM r"
@@ -94,6 +106,7 @@ def wake_the_herd() -> None:
     from resource_lease.db.postgresql import PostgreSQLDialect
 
     PostgreSQLDialect.templates = {**PostgreSQLDialect.templates, "RELEASE": HERD_RELEASE}
+    take_no_handoffs()
 
 
 def trust_stale_marks() -> None:
@@ -194,7 +207,7 @@ def main() -> None:
         if args.once:
             from resource_lease.line import stats
 
-            emit("granted", wakes=stats.wakes, looks=stats.looks, **entry)
+            emit("granted", wakes=stats.wakes, looks=stats.looks, handed=stats.handed, **entry)
         time.sleep(args.hold)
         entry["released"] = time.monotonic()
         lease.release()

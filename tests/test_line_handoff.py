@@ -1,0 +1,173 @@
+"""A release that hands its row to the first waiter of its line in its own statement
+(PostgreSQL's ``RELEASE`` with ``HEAD_OF_LINE``, ``Dialect.hands_off``): the waiter then only
+reads its grant (``CLAIM_HANDED``), one read and no commit of its own per hand-off.
+
+What must hold, each with a negative control that the same check catches:
+
+- the row goes to the first waiter in the order of service (priority, then who asked first),
+  with the grant a grant statement would write (fence + 1, its holder, its place's token),
+  and its place leaves the line in the same commit; the waiters behind keep theirs
+  (control: a release that hands to the last waiter);
+- a waiter that leaves the line without taking a row handed to it (it gave up) gives it back
+  as it leaves, and that release hands it on (control: leaving without the give-back leaves
+  the row held under a token nobody reads, until its ttl);
+- a waiter served by a grant of its own a moment after a release handed its place another
+  row (its grant found the place gone) gives the handed row back (same control).
+
+Elsewhere (MySQL/MariaDB, SQLite) no release hands a row: the waiter runs its own grant.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from resource_lease import acquire, line, lock
+from resource_lease.db.connections import lease_connection
+from resource_lease.lease import attempt_grant
+from resource_lease.line import Line, Waiting
+from resource_lease.models import Resource, Waiter
+from resource_lease.recipes.locks import LOCK_KIND
+from resource_lease.wakeups import Waker
+from tests.line_waiting import Waiting as WaiterProcess
+from tests.line_waiting import wait_for_places
+from tests.line_waiting import waiting_fixture as waiting  # noqa: F401
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _hands_off() -> None:
+    if not lease_connection("default").dialect.hands_off:
+        pytest.skip(f"{connection.vendor}: no release hands its row on (the waiter runs its own grant)")
+    # This process's memory of the marks it wrote (``line.fresh_mark``) outlives the rows of
+    # the previous test: a place taken now must mark the new rows.
+    line._marks.clear()
+
+
+def _waiting(kind: str, holder: str, name: str = "") -> Waiting:
+    """A waiter of this process with a place in line (no thread waits on it)."""
+    waiter = Waiting(
+        Line("default", kind, name),
+        timeout=None,
+        holder=holder,
+        ttl=30,
+        priority=0,
+        where=None,
+        waker=Waker(),
+        handoff=True,
+    )
+    waiter.place = waiter._enter()
+    assert waiter.place is not None and waiter.place.token
+    return waiter
+
+
+def _hand_to_the_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The negative control: releases hand their row to the last waiter of the line."""
+    dialect = lease_connection("default").dialect
+    order = "w.priority DESC, w.id LIMIT 1"
+    assert order in dialect.sql["RELEASE"]
+    monkeypatch.setitem(dialect.sql, "RELEASE", dialect.sql["RELEASE"].replace(order, "w.priority, w.id DESC LIMIT 1"))
+
+
+@pytest.mark.parametrize("variant", ["engine", "negative-control"])
+def test_a_release_hands_its_row_to_the_first_waiter_in_the_same_statement(
+    variant: str,
+    monkeypatch: pytest.MonkeyPatch,
+    waiting: Callable[..., WaiterProcess],  # noqa: F811
+) -> None:
+    held = lock("handed", ttl=300, timeout=0)
+    first = waiting("--what", "lock:handed", "--once", "--hold", "0.05")
+    first_place = first.next("entered")["id"]
+    wait_for_places(LOCK_KIND, "handed", 1)
+    second = waiting("--what", "lock:handed", "--once", "--hold", "0.05")
+    second_place = second.next("entered")["id"]
+    wait_for_places(LOCK_KIND, "handed", 2)
+    tokens = dict(Waiter.objects.filter(id__in=[first_place, second_place]).values_list("id", "token"))
+    if variant == "negative-control":
+        _hand_to_the_last(monkeypatch)
+    # Both paused: what the release wrote is read before either waiter could act on it.
+    first.kill(signal.SIGSTOP)
+    second.kill(signal.SIGSTOP)
+    try:
+        assert held.release()
+        row = Resource.objects.get(kind=LOCK_KIND, name="handed")
+        places = set(Waiter.objects.filter(id__in=[first_place, second_place]).values_list("id", flat=True))
+    finally:
+        first.kill(signal.SIGCONT)
+        second.kill(signal.SIGCONT)
+    served_first = (
+        row.grant_token == tokens[first_place]
+        and row.fence == held.fence + 1
+        and row.busy_before > row.acquired_at
+        and places == {second_place}
+    )
+    if variant == "negative-control":
+        assert not served_first, "a release handing its row to the last waiter was not caught"
+        return
+    assert served_first, (row.grant_token, tokens, row.fence, held.fence, places)
+    granted = first.next("granted")
+    assert granted["fence"] == held.fence + 1 and granted["handed"] == 1  # read, not granted by itself
+    after = second.next("granted")  # the first one's release hands it on
+    assert after["fence"] == held.fence + 2 and after["handed"] == 1
+    assert Waiter.objects.filter(kind=LOCK_KIND, name="handed").count() == 0
+
+
+@pytest.mark.parametrize("variant", ["engine", "negative-control"])
+def test_a_waiter_that_gives_up_gives_back_the_row_handed_to_it(
+    variant: str, monkeypatch: pytest.MonkeyPatch, make_pool: Callable[..., Any]
+) -> None:
+    if variant == "negative-control":
+        monkeypatch.setattr(line, "_give_back_handed", lambda place: None)
+    make_pool("given-up", 1)
+    held = acquire("given-up", ttl=300)
+    leaving = _waiting("given-up", "leaving")
+    behind = _waiting("given-up", "behind")
+    assert leaving.place is not None and behind.place is not None
+    token, behind_token = leaving.place.token, behind.place.token
+    try:
+        assert held.release()  # handed to the first waiter's place
+        assert Resource.objects.get(kind="given-up").grant_token == token
+        leaving.cleanup()  # it gave up (a timeout) and leaves, with a row handed to it
+        row = Resource.objects.get(kind="given-up")
+    finally:
+        behind.cleanup()
+    handed_on = row.grant_token == behind_token and row.holder == "behind" and row.fence == held.fence + 2
+    if variant == "negative-control":
+        assert row.grant_token == token and not handed_on, "a handed row left unclaimed was not caught"
+    else:
+        assert handed_on, (row.grant_token, row.holder, row.fence, held.fence)
+
+
+@pytest.mark.parametrize("variant", ["engine", "negative-control"])
+def test_a_waiter_served_by_its_own_grant_gives_back_a_row_handed_meanwhile(
+    variant: str, monkeypatch: pytest.MonkeyPatch, make_pool: Callable[..., Any]
+) -> None:
+    if variant == "negative-control":
+        monkeypatch.setattr(line, "_give_back_handed", lambda place: None)
+    make_pool("both", 2)
+    first, second = acquire("both", ttl=300, holder="other"), acquire("both", ttl=300, holder="other")
+    waiter = _waiting("both", "twice")
+    place = waiter.place
+    assert place is not None
+    assert first.release()  # handed to the waiter's place, which leaves the line
+    assert second.release()  # nobody waits now: freed
+    # The waiter's own grant, as it was sent just before it heard of the hand-off: the line
+    # form with its place, which finds the place gone as it leaves it.
+    lease = attempt_grant("both", ttl=30, holder="twice", alias="default", turn=place.turn)
+    assert lease is not None and lease.resource.pk == second.resource.pk
+    waiter.granted = True
+    waiter.cleanup()
+    handed = Resource.objects.get(pk=first.resource.pk)
+    given_back = handed.grant_token == "" and handed.busy_before <= handed.released_at
+    try:
+        if variant == "negative-control":
+            assert handed.grant_token == place.token and not given_back, "a row handed twice was not caught"
+        else:
+            assert given_back, (handed.grant_token, place.token)
+    finally:
+        lease.release()
