@@ -293,12 +293,11 @@ class Dialect(GrantStatements):
         return bool(cursor.rowcount == 1)
 
     def was_released(self, cursor: Any, *, pk: int, holder: str, fence: int) -> bool:
-        """Whether this grant (holder and fence) has been given back: its token cleared.
-
+        """Whether this grant (holder and fence) has been given back: its token cleared, or the
+        next grant followed a release of it (handed to a waiter: PostgreSQL's RELEASE).
         Settles a release whose answer was lost (docs/pitfalls.md#unknown-outcome); an
-        operator's force_release counts too (the grant was ours and the resource is free).
-        """
-        cursor.execute(self.sql["WAS_RELEASED"], (pk, holder, fence))
+        operator's force_release counts too (the grant was ours and the resource is free)."""
+        cursor.execute(self.sql["WAS_RELEASED"], (pk, holder, fence, holder, fence))
         return bool(cursor.fetchall())
 
     def is_held(self, cursor: Any, *, pk: int, holder: str, fence: int) -> bool:

@@ -205,9 +205,14 @@ WRITE_DATA = "UPDATE {table} SET data = {p} WHERE {ours}"
 # Whether a grant is still live: (id, holder, fence).
 IS_HELD = "SELECT 1 FROM {table} WHERE {ours}"
 
-# Whether this grant was given back, its token cleared (an operator's force release counts):
-# settles a release whose answer was lost (docs/pitfalls.md#unknown-outcome). (id, holder, fence)
-WAS_RELEASED = "SELECT 1 FROM {table} WHERE id = {p} AND holder = {p} AND fence = {p} AND grant_token = ''"
+# Whether this grant was given back, its token cleared (an operator's force release counts),
+# or the next grant followed a release of it (not its expiry: took_over false), as when
+# PostgreSQL's RELEASE handed it to a waiter: settles a release whose answer was lost
+# (docs/pitfalls.md#unknown-outcome). (id, holder, fence, holder, fence)
+WAS_RELEASED = (
+    "SELECT 1 FROM {table} WHERE id = {p} AND ((holder = {p} AND fence = {p} AND grant_token = '')"
+    " OR (previous_holder = {p} AND fence = {p} + 1 AND took_over = {false}))"
+)
 
 # The row granted under a token, if that grant committed and is still live: settles a grant
 # whose answer was lost (docs/pitfalls.md#unknown-outcome). (kind, token)
