@@ -27,7 +27,7 @@ import pytest
 from django.db import connection
 
 from resource_lease import acquire, line, lock
-from resource_lease.db.connections import lease_connection
+from resource_lease.db.connections import lease_connection, run_repeatable
 from resource_lease.lease import attempt_grant
 from resource_lease.line import Line, Waiting
 from resource_lease.models import Resource, Waiter
@@ -171,3 +171,38 @@ def test_a_waiter_served_by_its_own_grant_gives_back_a_row_handed_meanwhile(
             assert given_back, (handed.grant_token, place.token)
     finally:
         lease.release()
+
+
+@pytest.mark.parametrize("variant", ["engine", "negative-control"])
+def test_a_release_settled_after_its_row_was_handed_on_counts_as_released(
+    variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release whose answer was lost is settled by reading back whether it happened
+    (``WAS_RELEASED``): one that handed its row to a waiter left the row with the waiter's
+    grant, fence + 1, and counts as released. Control: the check as it was (only a cleared
+    token of our fence counts) calls it not released."""
+    dialect = lease_connection("default").dialect
+    if variant == "negative-control":
+        found = "OR (previous_holder = %s AND fence = %s + 1 AND took_over = FALSE)"
+        assert found in dialect.sql["WAS_RELEASED"]
+        before = dialect.sql["WAS_RELEASED"].replace(
+            found, "OR (CAST(%s AS text) IS NULL AND CAST(%s AS bigint) IS NULL)"
+        )
+        monkeypatch.setitem(dialect.sql, "WAS_RELEASED", before)
+    held = lock("settled", ttl=300, timeout=0)
+    waiter = _waiting(LOCK_KIND, "next", name="settled")
+    try:
+        assert held.release()
+        row = Resource.objects.get(kind=LOCK_KIND, name="settled")
+        assert row.holder == "next" and row.fence == held.fence + 1  # handed on
+        released = run_repeatable(
+            "default",
+            lambda d, c: d.was_released(c, pk=row.pk, holder=held.holder, fence=held.fence),
+            what="settling a release",
+        )
+    finally:
+        waiter.cleanup()
+    if variant == "negative-control":
+        assert not released, "a handed-on release settled as not released was not caught"
+    else:
+        assert released
