@@ -168,7 +168,10 @@ class Place:
         self.attempting = False
         gone, self._gone_while_attempting = self._gone_while_attempting, False
         if gone and not granted:
-            self.mark_lost("the place expired before its renewal (the waiter was paused past its ttl)")
+            if self.token:
+                self.mark_gone()  # or handed a row meanwhile: its waiter reads which
+            else:
+                self.mark_lost("the place expired before its renewal (the waiter was paused past its ttl)")
 
     def mark_lost(self, reason: str) -> None:
         if not self.lost:
