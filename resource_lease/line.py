@@ -762,10 +762,12 @@ class Wait(Generic[T]):
         return answer
 
 
-def _after_fork_in_child() -> None:
-    # The parent's waits are not the child's.
+def forget_lines() -> None:
+    """Forget what this process remembers of its lines (its last marks, its purges): in a
+    forked child (the parent's waits are not the child's), and in tests once the rows it
+    marked are gone (a remembered mark would skip a newcomer's first try on new rows)."""
     _purged.clear()
     _marks.clear()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(after_in_child=forget_lines)

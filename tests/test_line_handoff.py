@@ -44,9 +44,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def _hands_off() -> None:
     if not lease_connection("default").dialect.hands_off:
         pytest.skip(f"{connection.vendor}: no release hands its row on (the waiter runs its own grant)")
-    # This process's memory of the marks it wrote (``line.fresh_mark``) outlives the rows of
-    # the previous test: a place taken now must mark the new rows.
-    line._marks.clear()
 
 
 def _waiting(kind: str, holder: str, name: str = "") -> Waiting:
