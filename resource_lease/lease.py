@@ -34,7 +34,7 @@ from resource_lease.validation import (
     check_timeout,
     check_where,
 )
-from resource_lease.wakeups import board, wake_row
+from resource_lease.wakeups import after_release
 
 logger = logging.getLogger("resource_lease")
 
@@ -211,15 +211,9 @@ class Lease:
         # An answer lost with the connection is settled by the operation (run again, else
         # read back whether the first one released it: docs/pitfalls.md#unknown-outcome).
         released, handed_to = self._ops().release_to_line(**self._key())
-        if handed_to:
-            # Handed to the head of its line: nothing is free for the others. A waiter of
-            # this process that was handed it reads it at once (the release's NOTIFY tells
-            # one of another process).
-            board().wake_turn(self.using, handed_to, handed=self.resource.pk)
-        elif released:
-            # Waiters of this process need not wait for their next look (on PostgreSQL the
-            # release's NOTIFY wakes the other processes' waiters too).
-            wake_row(self.using, self.kind, self.resource.name)
+        after_release(
+            self.using, self.kind, self.resource.name, self.resource.pk, released=released, handed_to=handed_to
+        )
         signals.lease_released.send(sender=Resource, lease=self, released=released)
         return released
 

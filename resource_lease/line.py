@@ -40,7 +40,7 @@ from resource_lease.db.line import ARRIVING, NEWCOMER, Look, Turn, left_by_grant
 from resource_lease.db.line import Place as WaitingPlace
 from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseDatabaseError, LeaseLost
-from resource_lease.wakeups import Waker, board, listen, pass_turn, pushed, turn_channel, unlisten
+from resource_lease.wakeups import Waker, after_release, board, listen, pass_turn, pushed, turn_channel, unlisten
 
 logger = logging.getLogger("resource_lease")
 
@@ -334,9 +334,10 @@ def _give_back_handed(place: Place) -> None:
         resource = engine.dialect.to_resource(claimed[0])
         stats.handed_back += 1
         logger.info("%r: giving back row %s, handed to it as it left the line", place, resource.pk)
-        _, handed_to = engine.release_to_line(pk=resource.pk, holder=resource.holder, fence=resource.fence)
-        if handed_to:
-            board().wake_turn(place.line.alias, handed_to, handed=resource.pk)
+        released, handed_to = engine.release_to_line(pk=resource.pk, holder=resource.holder, fence=resource.fence)
+        after_release(
+            place.line.alias, resource.kind, resource.name, resource.pk, released=released, handed_to=handed_to
+        )
     except LeaseDatabaseError as exc:
         logger.warning("%r: could not give back a grant handed to it (it runs out by its ttl): %s", place, exc)
 
@@ -497,7 +498,6 @@ class Waiting:
         try:
             result = yield Attempt(place.turn.claiming(row))
         finally:
-            place.attempting = False
             place.attempted(granted=True)  # judged here: a renewal meanwhile found it gone, as we know
         if result is not None:
             stats.handed += 1

@@ -1,7 +1,7 @@
 """Waking waiters: in this process at once, from other processes by NOTIFY (PostgreSQL).
 
 A waiter of the line (``resource_lease.line``) waits on a ``Waker``; the process's ``Board``
-knows them by line and by place, so a release in this process (``wake_row``) or a NOTIFY of
+knows them by line and by place, so a release in this process (``after_release``) or a NOTIFY of
 the release statement of another process (through the process's one LISTEN thread:
 ``db/listen.py``) wakes them:
 
@@ -183,9 +183,15 @@ def board() -> Board:
     return _board
 
 
-def wake_row(alias: str, kind: str, name: str) -> None:
-    """A row was freed by this process: its waiters here need not wait for a look."""
-    _board.wake_row(alias, kind, name)
+def after_release(alias: str, kind: str, name: str, pk: int, *, released: bool, handed_to: int) -> None:
+    """This process released the row ``pk`` (``kind``, ``name``): if the release handed it to
+    a place in line (``handed_to``), nothing is free for the others, and a waiter of this
+    process that was handed it reads it at once (the release's NOTIFY tells one of another
+    process); if it freed it, the waiters here need not wait for their next look."""
+    if handed_to:
+        _board.wake_turn(alias, handed_to, handed=pk)
+    elif released:
+        _board.wake_row(alias, kind, name)
 
 
 def _on_notify(alias: str) -> Callable[[str | None], None]:
