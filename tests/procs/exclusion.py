@@ -131,6 +131,11 @@ def main() -> None:
             # ttl between its grant and its release (CI's start-up, a 1 s ttl) is refused
             # rightly, and the ledger judges what it trusted.
             raise SystemExit(f"release of {lease!r} refused: the lease was lost inside its ttl")
+    from resource_lease.line import stats
+
+    # Grants a release handed to this worker's place that it gave back unused (PostgreSQL:
+    # its own grant of another row went through a moment before): each raised a fence.
+    (args.dir / f"handed-back-{worker}.count").write_text(str(stats.handed_back))
 
 
 if __name__ == "__main__":
