@@ -3,7 +3,10 @@
 Three cases (``Plan.waiting_cases``): 8 processes on one lock holding 5 ms, 16 on a pool of
 4 holding 20 ms, 64 on a pool of 40 holding 50 ms. Each contender (``wait_task.WAITS``) runs
 each case for ``waiting_duration`` seconds, the contenders taking turns case by case, so a
-noisy neighbour hurts them alike. Per case and contender:
+noisy neighbour hurts them alike. Every worker process connects and makes one acquisition
+before the window (``wait_task.WaitTask.prepare``; the engine's also has its LISTEN in force,
+as kazoo's client has its session): the window measures processes that ask again, not every
+process's first call at the same instant. Per case and contender:
 
 - utilisation: the share of the window the lock (every slot of the pool) was held, counted
   from the grant's return to the release being sent (so a slow wake-up counts against it);
