@@ -79,6 +79,7 @@ class Stats:
         self.claims = 0  # grants read that a release handed to a place (one read each)
         self.handed = 0  # ... of which found a grant
         self.handed_back = 0  # grants handed to a waiter that had left (given back as it left)
+        self.turns_passed = 0  # turns told to a waiter that left without taking them, passed on
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -600,6 +601,7 @@ class Waiting:
             if self.waker.take_turn():
                 # A release told this waiter its turn, and it did not take it (served by an
                 # earlier turn, or it gave up): the waiters now first may take it.
+                stats.turns_passed += 1
                 pass_turn(self.line.alias, self.line.kind, self.line.name)
 
 

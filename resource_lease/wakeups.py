@@ -53,10 +53,12 @@ class Waker:
         """Wake the waiter; ``turn``: a release told it that it may be its turn (it tries at
         once, however far back its last look saw it); ``handed``: (place, row id) a release
         handed that place of this waiter's that row in its own statement (it reads its grant
-        at once)."""
+        at once). A hand-off is not a turn: a turn the waiter does not take is passed on as it
+        leaves (``pass_turn``, a statement), and a row handed to it is served by its claim, or
+        given back by its own release if it left."""
         with self._cond:
             self._count += 1
-            self._turn = self._turn or turn or handed is not None
+            self._turn = self._turn or turn
             if handed is not None:
                 self._handed = handed
             self._cond.notify_all()
@@ -106,7 +108,7 @@ class Board:
             waker = self._places.get((alias, place))
         if waker is None:
             return False
-        waker.wake(turn=True, handed=None if handed is None else (place, handed))
+        waker.wake(turn=handed is None, handed=None if handed is None else (place, handed))
         return True
 
     def add(self, key: LineKey, waker: Waker) -> None:
