@@ -37,7 +37,7 @@ from resource_lease.lease import Lease, acquiring
 from resource_lease.line import Attempt, Call, Wait, Waiting, in_time, left
 from resource_lease.recipes.locks import locking, semaphoring
 from resource_lease.recipes.rwlock import RwLock
-from resource_lease.wakeups import Waker
+from resource_lease.wakeups import Handed, Waker
 
 logger = logging.getLogger("resource_lease")
 
@@ -58,7 +58,7 @@ class AsyncWaker(Waker):
         self._loop = asyncio.get_running_loop()
         self._event = asyncio.Event()
 
-    def wake(self, *, turn: bool = False, handed: tuple[int, int] | None = None) -> None:
+    def wake(self, *, turn: bool = False, handed: Handed | None = None) -> None:
         super().wake(turn=turn, handed=handed)
         try:
             self._loop.call_soon_threadsafe(self._event.set)

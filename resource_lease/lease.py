@@ -498,7 +498,13 @@ def attempt_grant(
     """
     engine = ops(alias)
     row: Sequence[Any] | None
-    if turn.claim:
+    handed = _handed_row(engine, turn, ttl=ttl, holder=holder)
+    if handed is not None:
+        # Granted by a release, which said what (its NOTIFY): the grant lasts at least ttl
+        # from when this waiter sent ENTER_LINE (RELEASE, db/postgresql.py), nothing to read.
+        row, sent_at = handed, turn.entered_at
+        line.stats.handed_unread += 1
+    elif turn.claim:
         sent_at = time.monotonic()
         claimed = engine.claim_handed(kind, token=turn.token, pk=turn.row)
         if claimed is None:
@@ -528,6 +534,27 @@ def attempt_grant(
         give_back_dead(lease, took=time.monotonic() - sent_at)
         return None
     return lease
+
+
+#: The least share of its ttl a grant handed to a place must have left, by the waiter's
+#: clock from when it sent ENTER_LINE, for the waiter to take it as the release described it;
+#: after a longer wait in line it reads the grant (``CLAIM_HANDED``), whose answer says how
+#: long the grant has left.
+HANDED_UNREAD_MIN = 0.5
+
+
+def _handed_row(engine: Any, turn: Turn, *, ttl: float, holder: str) -> Sequence[Any] | None:
+    """The row a release handed to this turn's place, as its NOTIFY described it, if the
+    waiter may take it without reading it: the grant has at least HANDED_UNREAD_MIN of its
+    ttl left counted from when the place was taken. Else None (the claim reads it)."""
+    if not (turn.claim and turn.handed and turn.entered_at):
+        return None
+    if turn.entered_at + ttl - time.monotonic() < HANDED_UNREAD_MIN * ttl:
+        return None
+    row: Sequence[Any] | None = engine.dialect.handed_row(turn.handed, holder=holder, token=turn.token)
+    if row is None or int(row[0]) != turn.row:
+        return None
+    return row
 
 
 def arrived_dead(lease: Lease) -> bool:

@@ -78,6 +78,7 @@ class Stats:
         self.marks_skipped = 0  # places taken without marking the line: this process had just marked it
         self.claims = 0  # grants read that a release handed to a place (one read each)
         self.handed = 0  # ... of which found a grant
+        self.handed_unread = 0  # grants handed to a place taken as the release described them (no read)
         self.handed_back = 0  # grants handed to a waiter that had left (given back as it left)
         self.turns_passed = 0  # turns told to a waiter that left without taking them, passed on
 
@@ -115,7 +116,7 @@ class Place:
         #: A release may hand this place a row in its own statement, held under ``token``
         #: (``Dialect.hands_off``): a place found gone may have been served.
         self.token = token
-        self.turn = Turn(place, priority, token=token)
+        self.turn = Turn(place, priority, token=token, entered_at=sent_at)
         self.lost = False
         #: Found gone by its renewal, handed a row or expired (``mark_gone``).
         self.gone = False
@@ -490,14 +491,15 @@ class Waiting:
         board().add((self.line.alias, self.line.kind, self.line.name), self.waker)
         listen(self.line.alias)
 
-    def _claim(self, place: Place, row: int) -> Generator[Step, Any, Any]:
-        """Read the grant a release handed to ``place`` (``row``: the one it named, 0: any);
-        none (the place had expired, or its grant ran out): the place is lost."""
+    def _claim(self, place: Place, row: int, grant: tuple[Any, ...] | None = None) -> Generator[Step, Any, Any]:
+        """Take the grant a release handed to ``place`` (``row``: the one it named, 0: any;
+        ``grant``: what the release said it granted, else it is read); none (the place had
+        expired, or its grant ran out): the place is lost."""
         place.gone = False
         stats.claims += 1
         place.attempting, result = True, None
         try:
-            result = yield Attempt(place.turn.claiming(row))
+            result = yield Attempt(place.turn.claiming(row, grant))
         finally:
             place.attempted(granted=True)  # judged here: a renewal meanwhile found it gone, as we know
         if result is not None:
@@ -531,7 +533,8 @@ class Waiting:
             handed = self.waker.take_handed()
             if place.token and (place.gone or (handed is not None and handed[0] == place.id)):
                 # A release handed this place a row (it said so, or the place is gone): read it.
-                result = yield from self._claim(place, 0 if handed is None else handed[1])
+                mine = handed if handed is not None and handed[0] == place.id else None
+                result = yield from self._claim(place, *((0,) if mine is None else mine[1:]))
                 if result is not None:
                     return result
             if place.lost:

@@ -26,6 +26,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from resource_lease.db.connections import lease_connection
 from resource_lease.db.listen import hub
@@ -36,6 +37,8 @@ from resource_lease.keeper import keeper
 logger = logging.getLogger("resource_lease")
 
 LineKey = tuple[str, str, str]  # (alias, kind, name)
+#: A row a release handed to a place: (place, row id, what the release said it granted or None).
+Handed = tuple[int, int, "tuple[Any, ...] | None"]
 
 
 class Waker:
@@ -47,13 +50,13 @@ class Waker:
         self._count = 0
         self._seen = 0
         self._turn = False
-        self._handed: tuple[int, int] | None = None
+        self._handed: Handed | None = None
 
-    def wake(self, *, turn: bool = False, handed: tuple[int, int] | None = None) -> None:
+    def wake(self, *, turn: bool = False, handed: Handed | None = None) -> None:
         """Wake the waiter; ``turn``: a release told it that it may be its turn (it tries at
-        once, however far back its last look saw it); ``handed``: (place, row id) a release
-        handed that place of this waiter's that row in its own statement (it reads its grant
-        at once). A hand-off is not a turn: a turn the waiter does not take is passed on as it
+        once, however far back its last look saw it); ``handed``: (place, row id, grant) a
+        release handed that place of this waiter's that row in its own statement (it takes its
+        grant at once; ``grant``: what the release said it granted, or None: it is read). A hand-off is not a turn: a turn the waiter does not take is passed on as it
         leaves (``pass_turn``, a statement), and a row handed to it is served by its claim, or
         given back by its own release if it left."""
         with self._cond:
@@ -63,8 +66,8 @@ class Waker:
                 self._handed = handed
             self._cond.notify_all()
 
-    def take_handed(self) -> tuple[int, int] | None:
-        """(place, row) a release said it handed this waiter since the last call, or None."""
+    def take_handed(self) -> Handed | None:
+        """(place, row, grant) a release said it handed this waiter since the last call, or None."""
         with self._cond:
             handed, self._handed = self._handed, None
             return handed
@@ -101,14 +104,16 @@ class Board:
         with self._lock:
             self._places.pop((alias, place), None)
 
-    def wake_turn(self, alias: str, place: int, handed: int | None = None) -> bool:
+    def wake_turn(
+        self, alias: str, place: int, handed: int | None = None, grant: tuple[Any, ...] | None = None
+    ) -> bool:
         """Tell the waiter of ``place`` it may be its turn (``handed``: a release handed it
-        that row); False if no waiter here has it."""
+        that row, ``grant``: and said what it granted); False if no waiter here has it."""
         with self._lock:
             waker = self._places.get((alias, place))
         if waker is None:
             return False
-        waker.wake(turn=handed is None, handed=None if handed is None else (place, handed))
+        waker.wake(turn=handed is None, handed=None if handed is None else (place, handed, grant))
         return True
 
     def add(self, key: LineKey, waker: Waker) -> None:
@@ -216,7 +221,8 @@ def _on_turn(alias: str) -> Callable[[str | None], None]:
         if payload is None:
             return  # the listener reconnected: the line channel's callback wakes everyone
         try:
-            place, kind, name, *handed = json.loads(payload)
+            told = json.loads(payload)
+            place, kind, name, *handed = told
             place = int(place)
             row = int(handed[0]) if handed else None
         except (ValueError, TypeError):
@@ -225,7 +231,7 @@ def _on_turn(alias: str) -> Callable[[str | None], None]:
         if row is not None:
             # A release handed the row to this place: its waiter reads it; one that left
             # meanwhile gives back what its place was handed as it leaves (``Waiting.cleanup``).
-            _board.wake_turn(alias, place, handed=row)
+            _board.wake_turn(alias, place, handed=row, grant=tuple(told) if len(handed) > 1 else None)
             return
         if not _board.wake_turn(alias, place):
             # Its waiter was served meanwhile, or gave up: the turn goes to whoever is first

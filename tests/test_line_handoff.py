@@ -20,6 +20,7 @@ Elsewhere (MySQL/MariaDB, SQLite) no release hands a row: the waiter runs its ow
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -112,6 +113,63 @@ def test_a_release_hands_its_row_to_the_first_waiter_in_the_same_statement(
     after = second.next("granted")  # the first one's release hands it on
     assert after["fence"] == held.fence + 2 and after["handed"] == 1
     assert Waiter.objects.filter(kind=LOCK_KIND, name="handed").count() == 0
+
+
+#: Seconds the waiter is stopped between the hand-off and its taking the grant.
+PAUSED = 4.0
+
+
+@pytest.mark.parametrize("variant", ["engine", "negative-control"])
+@pytest.mark.parametrize(("ttl", "unread"), [(20.0, 1), (6.0, 0)], ids=["taken-unread", "read-after-long-pause"])
+def test_a_grant_taken_as_the_release_described_it_never_outlasts_its_expiry(
+    variant: str,
+    ttl: float,
+    unread: int,
+    waiting: Callable[..., WaiterProcess],  # noqa: F811
+) -> None:
+    """The waiter takes a handed grant from the release's NOTIFY, without reading it, and
+    counts its ttl from when it sent ENTER_LINE (the release's expiry counts from a moment
+    after that insert committed: RELEASE's clock_timestamp()). A waiter stopped between the
+    hand-off and its take must then believe no longer than the database's expiry; one stopped
+    for more than half its ttl (``lease.HANDED_UNREAD_MIN``) reads its grant instead, and
+    counts from the read's answer. Control: the ttl counted from the take
+    (``--handed-deadline-at-take``, taken unread): it believes the grant lasts PAUSED seconds
+    longer than it does, which the same check catches."""
+    held = lock("paused-handoff", ttl=300, timeout=0)
+    args = ["--what", "lock:paused-handoff", "--once", "--ttl", str(ttl), "--heard", "--hold", "60"]
+    if variant == "negative-control":
+        args.append("--handed-deadline-at-take")
+    waiter = waiting(*args)
+    waiter.next("entered")
+    wait_for_places(LOCK_KIND, "paused-handoff", 1)
+    waiter.kill(signal.SIGSTOP)
+    try:
+        assert held.release()  # handed to the stopped waiter: its NOTIFY waits in its socket
+        time.sleep(PAUSED)
+    finally:
+        waiter.kill(signal.SIGCONT)
+    granted = waiter.next("granted")
+    asked = time.monotonic()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXTRACT(EPOCH FROM busy_before - statement_timestamp()), fence, grant_token = ''"
+            " FROM resource_lease_resource WHERE kind = %s AND name = %s",
+            [LOCK_KIND, "paused-handoff"],
+        )
+        left, fence, freed = cursor.fetchone()
+    expected_unread = 1 if variant == "negative-control" else unread
+    assert granted["unread"] == expected_unread and granted["fence"] == fence == held.fence + 1 and not freed, (
+        granted,
+        fence,
+    )
+    # What the waiter believes is left at the moment of the read (at least: the read's clock
+    # is a little later than ``asked``), against what the database has left.
+    believed = granted["deadline_left"] - (asked - granted["deadline_at"])
+    overshoot = believed - float(left)
+    if variant == "negative-control":
+        assert overshoot > PAUSED / 2, f"a deadline counted from the take was not caught ({overshoot:.3f}s)"
+    else:
+        assert overshoot <= 0.05, f"the waiter believes its grant lasts {overshoot:.3f}s past its expiry"
 
 
 @pytest.mark.parametrize("variant", ["engine", "negative-control"])

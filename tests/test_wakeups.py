@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import pytest
 
-from resource_lease.wakeups import Board, Waker
+from resource_lease.wakeups import Board, Handed, Waker
 
 
 class TurnOnHandoffWaker(Waker):
     """The negative control: the wake-up before the fix, a hand-off also told as a turn."""
 
-    def wake(self, *, turn: bool = False, handed: tuple[int, int] | None = None) -> None:
+    def wake(self, *, turn: bool = False, handed: Handed | None = None) -> None:
         super().wake(turn=turn or handed is not None, handed=handed)
 
 
@@ -32,7 +32,7 @@ def test_a_row_handed_to_a_place_wakes_its_waiter_without_a_turn_to_pass_on(vari
     checks = {
         "the place's waiter was found": found,
         "it was woken": waker.wait(0) == 1,
-        "it reads the row handed to it": waker.take_handed() == (41, 7),
+        "it reads the row handed to it": waker.take_handed() == (41, 7, None),
         "no turn is left to pass on when it leaves": waker.take_turn() is False,
     }
     # A turn (a release that freed its row and told this place) is still one.

@@ -42,10 +42,17 @@ class Turn:
     #: known), or the place was found gone.
     claim: bool = False
     row: int = 0
+    #: When (monotonic) the caller sent the ENTER_LINE that took this place: a grant a release
+    #: handed it lasts at least its ttl from then (RELEASE).
+    entered_at: float = 0.0
+    #: What the release said it granted (its NOTIFY, ``hands_off`` vendors), or None: the
+    #: claim reads the grant.
+    handed: tuple[Any, ...] | None = None
 
-    def claiming(self, row: int = 0) -> Turn:
-        """This turn, reading the grant a release may have handed its place (the row ``row``)."""
-        return replace(self, claim=True, row=row, candidates=())
+    def claiming(self, row: int = 0, handed: tuple[Any, ...] | None = None) -> Turn:
+        """This turn, taking the grant a release may have handed its place (the row ``row``;
+        ``handed``: what the release said it granted, else it is read)."""
+        return replace(self, claim=True, row=row, candidates=(), handed=handed)
 
     def trying(self, candidates: tuple[int, ...]) -> Turn:
         """This turn, with the rows its look saw free to try first."""
@@ -199,6 +206,12 @@ class LineStatements:
         """``Dialect.release``, and the place in line the row was handed to in the same
         statement (``hands_off`` vendors), or 0."""
         return self.release(cursor, pk=pk, holder=holder, fence=fence), 0  # type: ignore[attr-defined]
+
+    def handed_row(self, grant: Sequence[Any], *, holder: str, token: str) -> Any:
+        """The row a release granted to the place of ``holder`` under ``token``, built from
+        what the release told it (``hands_off`` vendors: its NOTIFY), the columns it did not
+        say ``DEFERRED``; None if it is not such a grant (the waiter reads it instead)."""
+        return None
 
     def claim_handed(self, cursor: Any, *, kind: str, token: str, pk: int = 0) -> tuple[Any, float] | None:
         """The live grant a release handed to the waiter whose place had ``token`` (the row

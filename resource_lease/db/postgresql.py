@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Sequence
 from typing import Any
+
+from django.db.models.base import DEFERRED
 
 from resource_lease.db import NOW_SQL, statements
 from resource_lease.db import dispenser as item_sql
@@ -108,6 +112,22 @@ HEAD_OF_LINE = (
     " ORDER BY w.name = '', w.priority DESC, w.id LIMIT 1 FOR UPDATE OF w)"
 )
 
+#: The most bytes of a handed row's ``data`` (as JSON text) its hand-off NOTIFY carries: escaped
+#: again inside the payload it at most doubles, well inside NOTIFY's 8000 bytes with the
+#: names (255 characters each). A larger payload is read (``CLAIM_HANDED``).
+HANDED_DATA_MAX = 2000
+
+# What a release tells the waiter it handed its row to (RELEASE's NOTIFY, ``r``: the row as
+# granted): [place, kind, line name, row id, fence, name, previous holder, acquired_at,
+# busy_before, data as JSON text or null if longer than HANDED_DATA_MAX]. The waiter builds
+# its grant from it (``PostgreSQLDialect.handed_row``) and reads nothing.
+HANDED_GRANT = (
+    "json_build_array(r.place, r.kind, r.line_name, r.row_id, r.fence, r.name, r.previous_holder,"
+    " r.acquired_at, r.busy_before, CASE WHEN octet_length(r.data::text) <= "
+    + str(HANDED_DATA_MAX)
+    + " THEN r.data::text END)"
+)
+
 # Whether the release hands its row to the head of its line (HEAD_OF_LINE): a waiter that
 # takes hand-offs (its grant_ttl, written as it took its place: not an rwlock's, not one with a
 # lock_delay, not a ResourceHolder's).
@@ -116,8 +136,12 @@ HANDED = "COALESCE(h.next_ttl, 0) > 0"
 # Give a live grant back (RELEASE). If the head of the row's line takes hand-offs, the row is
 # granted to it in the same statement, as a grant would (GRANT_SET: fence + 1, its holder,
 # its place's token, expiry by the database's clock after its grant_ttl), its place leaves the
-# line, and its process is told on its channel (place, kind, line name, row id): the waiter
-# then reads its grant by its token (CLAIM_HANDED), one read and no commit of its own. Else
+# line, and its process is told on its channel: the grant itself (HANDED_GRANT), which the
+# waiter takes without a statement of its own, or reads by its token (CLAIM_HANDED). The
+# expiry counts from clock_timestamp(), read while the statement runs, so after its snapshot,
+# which saw the waiter's place: after that place's ENTER_LINE committed, so after its waiter
+# sent it. A grant handed to a place lasts at least grant_ttl from when its waiter sent
+# ENTER_LINE: the waiter's local deadline may count from then (``lease.attempt_grant``). Else
 # the row is freed and the waiters whose turn it may be are told (TELL_TURNS), delivered when
 # the release commits, only while the row is marked (a waiter may be in line: MARK_LINE;
 # NOTIFY takes a lock at commit that every notifying transaction shares, so a release nobody
@@ -130,17 +154,17 @@ RELEASE = (
     " fence = CASE WHEN {handed} THEN fence + 1 ELSE fence END,"
     " holder = CASE WHEN {handed} THEN h.next_holder ELSE holder END,"
     " grant_token = CASE WHEN {handed} THEN h.next_token ELSE '' END,"
-    " busy_before = CASE WHEN {handed} THEN {now} + make_interval(secs => h.next_ttl) ELSE {freed_at} END,"
+    " busy_before = CASE WHEN {handed} THEN clock_timestamp() + make_interval(secs => h.next_ttl) ELSE {freed_at} END,"
     " acquired_at = CASE WHEN {handed} THEN {now} ELSE acquired_at END,"
     " renewed_at = CASE WHEN {handed} THEN {now} ELSE renewed_at END,"
     " released_at = CASE WHEN {handed} THEN NULL ELSE {now} END,"
     " lock_delay = CASE WHEN {handed} THEN 0 ELSE lock_delay END"
     " FROM (SELECT 1) one LEFT JOIN h ON TRUE WHERE {ours}"
     " RETURNING {table}.id AS row_id, kind, name, data, line_until, {handed} AS handed, h.place, h.next_channel,"
-    " h.line_name),"
+    " h.line_name, fence, previous_holder, acquired_at, busy_before),"
     " gone AS (DELETE FROM {waiters} WHERE id = (SELECT place FROM r WHERE handed))"
     " SELECT CASE WHEN r.handed AND r.next_channel <> '' THEN (SELECT COUNT(*) FROM pg_notify(r.next_channel,"
-    " json_build_array(r.place, r.kind, r.line_name, r.row_id)::text)) WHEN r.handed THEN 0"
+    " " + HANDED_GRANT + "::text)) WHEN r.handed THEN 0"
     " ELSE ("
     + TELL_TURNS.replace("{line_turns}", LINE_TURNS.replace("{less}", ""))
     + " WHERE r.line_until > {now}) END, CASE WHEN r.handed THEN r.place ELSE 0 END FROM r"
@@ -276,6 +300,32 @@ class PostgreSQLDialect(Dialect):
         rows = cursor.fetchall()
         return (True, int(rows[0][1])) if rows else (False, 0)
 
+    def handed_row(self, grant: Sequence[Any], *, holder: str, token: str) -> Row | None:
+        # HANDED_GRANT: [place, kind, line name, row id, fence, name, previous holder,
+        # acquired_at, busy_before, data]. The columns it does not carry load on first access.
+        try:
+            _, kind, _, pk, fence, name, previous, acquired, busy, data = grant
+            values = {
+                "id": int(pk),
+                "kind": str(kind),
+                "name": str(name),
+                "data": DEFERRED if data is None else str(data),
+                "enabled": True,  # HEAD_OF_LINE hands only an enabled row
+                "busy_before": _aware(busy),
+                "holder": holder,
+                "fence": int(fence),
+                "grant_token": token,
+                "acquired_at": _aware(acquired),
+                "renewed_at": _aware(acquired),
+                "released_at": None,
+                "took_over": False,
+                "previous_holder": str(previous),
+                "lock_delay": 0.0,
+            }
+        except (TypeError, ValueError):
+            return None  # not what RELEASE sends: read the grant instead
+        return tuple(values.get(name, DEFERRED) for name in self.attnames)
+
     def claim_handed(self, cursor: Any, *, kind: str, token: str, pk: int = 0) -> tuple[Row, float] | None:
         if pk:
             cursor.execute(self.sql["CLAIM_HANDED_BY_ID"], (pk, token))
@@ -358,3 +408,11 @@ class PostgreSQLDialect(Dialect):
         if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)) and not sqlstate:
             return Failure.DISCONNECT  # the socket closed under us: no server answer at all
         return Failure.FATAL
+
+
+def _aware(text: Any) -> dt.datetime:
+    """A timestamptz as json_build_array writes it (ISO 8601 with its offset), in UTC."""
+    value = dt.datetime.fromisoformat(str(text))
+    if value.tzinfo is None:
+        raise ValueError(f"a timestamp without an offset: {text!r}")
+    return value.astimezone(dt.UTC)

@@ -292,11 +292,15 @@ def test_a_grant_held_up_leaving_the_line_past_its_ttl_is_not_handed_out(
     Galera: a cycler's acquire that returned 10 s after its grant (tests/test_galera.py).
     Where a release hands the row to the waiter (PostgreSQL) the waiter sends no leaving
     statement: what is held up is the answer to its read of the handed grant
-    (``CLAIM_HANDED_BY_ID``), the one statement between its grant and its caller."""
+    (``CLAIM_HANDED_BY_ID``), the one statement between its grant and its caller. (A waiter
+    reads it when the release's NOTIFY came late or not at all; here it is made to read it
+    always, ``FAULTS_READ_HANDED``. A NOTIFY that comes late: tests/test_line_handoff.py.)"""
     ttl = 1.0
     make_pool("late-leave", 1)
     first = acquire("late-leave", ttl=30)  # the row is taken: the child waits in line
     env = _through(proxy) | ({} if engine else {"FAULTS_HAND_OUT_LATE": "1"})
+    if lease_connection("default").dialect.hands_off:
+        env["FAULTS_READ_HANDED"] = "1"
     late = start_holder("late-leave", ttl, auto_renew=False, timeout=ttl + 9, env=env)
     deadline = time.monotonic() + 30
     while not Waiter.objects.filter(kind="late-leave").exists():

@@ -12,7 +12,10 @@ on the engine's own connections, set by the test through the environment.
 - ``FAULTS_NO_SETTLE=1``: a broken engine that does not settle an acquire whose answer was
   lost (a negative control);
 - ``FAULTS_HAND_OUT_LATE=1``: a broken engine that hands out a grant (and reports a renewal
-  successful) whose answer came back after the lease's local deadline (a negative control).
+  successful) whose answer came back after the lease's local deadline (a negative control);
+- ``FAULTS_READ_HANDED=1``: a waiter reads every grant a release handed it
+  (``CLAIM_HANDED``), as it does when the release's NOTIFY came late or not at all, instead of
+  taking it as the NOTIFY described it (PostgreSQL).
 
 Times (``t``, ``deadline``) are the host's monotonic clock, shared by every process.
 """
@@ -77,6 +80,10 @@ def setup() -> None:
     _probe_renewals()
     if os.environ.get("FAULTS_NO_SETTLE"):
         _never_settle()
+    if os.environ.get("FAULTS_READ_HANDED"):
+        import resource_lease.lease
+
+        resource_lease.lease.HANDED_UNREAD_MIN = float("inf")
     if os.environ.get("FAULTS_HAND_OUT_LATE"):
         import resource_lease.lease
 

@@ -2,7 +2,8 @@
 
     python -m tests.procs.line_waiter --what lock:NAME|pool:KIND|semaphore:NAME:SLOTS
         [--once [--timeout T] [--again-after A] | --seconds S] [--hold H] [--ttl T] [--priority P]
-        [--where JSON] [--broken | --serial | --stale-marks | --herd] [--heard]
+        [--where JSON] [--broken | --serial | --stale-marks | --herd | --handed-deadline-at-take]
+        [--heard]
 
 Prints one JSON object per line: ``{"event": "ready"}`` once connected, ``entered`` (id, at)
 for each place in line it takes and has noted; with ``--once``, one
@@ -25,8 +26,11 @@ ahead could take the row, so the line's head is served alone, one row at a time.
 (``line.fresh_mark``): a place is taken without marking the line whenever this process has
 marked it once, however long ago (the marks may have run out). ``--herd``: the negative
 control of the turns a release tells (``wakeups``, PostgreSQL): this process's releases wake
-every listening process's waiters of the line (``HERD_RELEASE``), as they did before. A
-``granted`` event gives this process's wake-ups and looks so far (``line.stats``).
+every listening process's waiters of the line (``HERD_RELEASE``), as they did before.
+``--handed-deadline-at-take``: the negative control of a handed grant's deadline (PostgreSQL):
+counted from when the waiter takes it, not from when it took its place. A ``granted`` event
+gives this process's wake-ups, looks and hand-offs so far (``line.stats``), and the deadline
+it counts the grant by (seconds left, its safety margin added back, and when).
 """
 
 from __future__ import annotations
@@ -109,6 +113,23 @@ def wake_the_herd() -> None:
     take_no_handoffs()
 
 
+def count_handed_from_the_take() -> None:
+    """The negative control of a handed grant's deadline (``lease.attempt_grant``): a grant a
+    release handed to this process's place counts its ttl from when the waiter takes it, not
+    from when it sent ENTER_LINE (the release may have been long before: the waiter was
+    paused, or its NOTIFY late)."""
+    from dataclasses import replace
+
+    from resource_lease.db.line import Turn
+
+    claiming = Turn.claiming
+
+    def at_the_take(self: Turn, row: int = 0, handed: tuple[Any, ...] | None = None) -> Turn:
+        return replace(claiming(self, row, handed), entered_at=time.monotonic())
+
+    Turn.claiming = at_the_take  # type: ignore[method-assign]
+
+
 def trust_stale_marks() -> None:
     from resource_lease import line
 
@@ -167,6 +188,9 @@ def main() -> None:
     parser.add_argument("--stale-marks", action="store_true", help="trust this process's marks however old")
     parser.add_argument("--herd", action="store_true", help="releases wake every listening process (PostgreSQL)")
     parser.add_argument("--heard", action="store_true", help="'entered' once this process hears releases")
+    parser.add_argument(
+        "--handed-deadline-at-take", action="store_true", help="a handed grant's ttl counts from its take"
+    )
     args = parser.parse_args()
     setup()
     if args.broken:
@@ -177,8 +201,11 @@ def main() -> None:
         trust_stale_marks()
     if args.herd:
         wake_the_herd()
+    if args.handed_deadline_at_take:
+        count_handed_from_the_take()
     from resource_lease import LockHeld, NoResourceAvailable
     from resource_lease.db.connections import lease_connection
+    from resource_lease.lease import safety_margin
 
     lease_connection("default").cursor().close()
     places: list[dict[str, Any]] = []
@@ -195,6 +222,8 @@ def main() -> None:
             emit("refused", asked=asked, places=list(places))
             return
         granted = time.monotonic()
+        # The deadline this process counts the grant by (its safety margin added back), and when.
+        deadline_left, deadline_at = lease.remaining() + safety_margin(lease.ttl), time.monotonic()
         entry = {
             "asked": asked,
             "places": list(places),
@@ -207,7 +236,16 @@ def main() -> None:
         if args.once:
             from resource_lease.line import stats
 
-            emit("granted", wakes=stats.wakes, looks=stats.looks, handed=stats.handed, **entry)
+            emit(
+                "granted",
+                wakes=stats.wakes,
+                looks=stats.looks,
+                handed=stats.handed,
+                unread=stats.handed_unread,
+                deadline_left=deadline_left,
+                deadline_at=deadline_at,
+                **entry,
+            )
         time.sleep(args.hold)
         entry["released"] = time.monotonic()
         lease.release()
