@@ -34,6 +34,7 @@ from resource_lease.line import Line, Waiting
 from resource_lease.models import Resource, Waiter
 from resource_lease.recipes.locks import LOCK_KIND
 from resource_lease.wakeups import Waker
+from tests.conftest import worker_env
 from tests.line_waiting import Waiting as WaiterProcess
 from tests.line_waiting import wait_for_places
 from tests.line_waiting import waiting_fixture as waiting  # noqa: F401
@@ -139,7 +140,9 @@ def test_a_grant_taken_as_the_release_described_it_never_outlasts_its_expiry(
     args = ["--what", "lock:paused-handoff", "--once", "--ttl", str(ttl), "--heard", "--hold", "60"]
     if variant == "negative-control":
         args.append("--handed-deadline-at-take")
-    waiter = waiting(*args)
+    # Looks so rare that none comes due in the pause: the waiter learns of the hand-off from
+    # the NOTIFY (a look finding its place gone first would make it read its grant).
+    waiter = waiting(*args, env=worker_env(RESOURCE_LEASE_LINE_POLL_MAX="120"))
     waiter.next("entered")
     wait_for_places(LOCK_KIND, "paused-handoff", 1)
     waiter.kill(signal.SIGSTOP)
