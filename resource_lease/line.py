@@ -532,7 +532,8 @@ class Waiting:
         while True:
             handed = self.waker.take_handed()
             if place.token and (place.gone or (handed is not None and handed[0] == place.id)):
-                # A release handed this place a row (it said so, or the place is gone): read it.
+                # A release handed this place a row (it said so, or the place is gone): take it,
+                # as the release described it (its NOTIFY) or read.
                 mine = handed if handed is not None and handed[0] == place.id else None
                 result = yield from self._claim(place, *((0,) if mine is None else mine[1:]))
                 if result is not None:

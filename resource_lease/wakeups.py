@@ -56,9 +56,11 @@ class Waker:
         """Wake the waiter; ``turn``: a release told it that it may be its turn (it tries at
         once, however far back its last look saw it); ``handed``: (place, row id, grant) a
         release handed that place of this waiter's that row in its own statement (it takes its
-        grant at once; ``grant``: what the release said it granted, or None: it is read). A hand-off is not a turn: a turn the waiter does not take is passed on as it
-        leaves (``pass_turn``, a statement), and a row handed to it is served by its claim, or
-        given back by its own release if it left."""
+        grant at once; ``grant``: what the release said it granted, or None: it is read).
+
+        A hand-off is not a turn: a turn the waiter does not take is passed on as it leaves
+        (``pass_turn``, a statement), and a row handed to it is served by its claim, or given
+        back by its own release if it left."""
         with self._cond:
             self._count += 1
             self._turn = self._turn or turn
@@ -229,7 +231,7 @@ def _on_turn(alias: str) -> Callable[[str | None], None]:
             logger.warning("a turn NOTIFY with an unexpected payload: %r", payload)
             return
         if row is not None:
-            # A release handed the row to this place: its waiter reads it; one that left
+            # A release handed the row to this place: its waiter takes it; one that left
             # meanwhile gives back what its place was handed as it leaves (``Waiting.cleanup``).
             _board.wake_turn(alias, place, handed=row, grant=tuple(told) if len(handed) > 1 else None)
             return

@@ -29,6 +29,7 @@ from django.db import connection
 
 from resource_lease import acquire, line, lock
 from resource_lease.db.connections import lease_connection, run_repeatable
+from resource_lease.db.postgresql import HANDED_DATA_MAX
 from resource_lease.lease import attempt_grant
 from resource_lease.line import Line, Waiting
 from resource_lease.models import Resource, Waiter
@@ -137,6 +138,9 @@ def test_a_grant_taken_as_the_release_described_it_never_outlasts_its_expiry(
     (``--handed-deadline-at-take``, taken unread): it believes the grant lasts PAUSED seconds
     longer than it does, which the same check catches."""
     held = lock("paused-handoff", ttl=300, timeout=0)
+    # A payload the NOTIFY carries (under HANDED_DATA_MAX), as the waiter must see it.
+    payload = {"url": "http://proxy-7:3128", "weight": 1.5, "tags": ["eu", None], "name": 'd\u00e9j\u00e0 "vu"'}
+    Resource.objects.filter(kind=LOCK_KIND, name="paused-handoff").update(data=payload)
     args = ["--what", "lock:paused-handoff", "--once", "--ttl", str(ttl), "--heard", "--hold", "60"]
     if variant == "negative-control":
         args.append("--handed-deadline-at-take")
@@ -160,6 +164,7 @@ def test_a_grant_taken_as_the_release_described_it_never_outlasts_its_expiry(
             [LOCK_KIND, "paused-handoff"],
         )
         left, fence, freed = cursor.fetchone()
+    assert granted["data"] == payload, granted["data"]
     expected_unread = 1 if variant == "negative-control" else unread
     assert granted["unread"] == expected_unread and granted["fence"] == fence == held.fence + 1 and not freed, (
         granted,
@@ -173,6 +178,24 @@ def test_a_grant_taken_as_the_release_described_it_never_outlasts_its_expiry(
         assert overshoot > PAUSED / 2, f"a deadline counted from the take was not caught ({overshoot:.3f}s)"
     else:
         assert overshoot <= 0.05, f"the waiter believes its grant lasts {overshoot:.3f}s past its expiry"
+
+
+def test_a_handed_grant_whose_data_the_notify_cannot_carry_loads_it_on_first_access(
+    waiting: Callable[..., WaiterProcess],  # noqa: F811
+) -> None:
+    """``data`` longer than HANDED_DATA_MAX is left out of the NOTIFY (its payload has a limit
+    of 8000 bytes): the waiter still takes the grant unread, and its ``data`` loads when first
+    read, whole."""
+    held = lock("big-data", ttl=300, timeout=0)
+    payload = {"blob": "x" * (HANDED_DATA_MAX * 3), "n": 7}
+    Resource.objects.filter(kind=LOCK_KIND, name="big-data").update(data=payload)
+    waiter = waiting("--what", "lock:big-data", "--once", "--heard", "--hold", "60")
+    waiter.next("entered")
+    wait_for_places(LOCK_KIND, "big-data", 1)
+    assert held.release()
+    granted = waiter.next("granted")
+    assert granted["unread"] == 1 and granted["fence"] == held.fence + 1, granted
+    assert granted["data"] == payload
 
 
 @pytest.mark.parametrize("variant", ["engine", "negative-control"])

@@ -242,6 +242,7 @@ def main() -> None:
                 looks=stats.looks,
                 handed=stats.handed,
                 unread=stats.handed_unread,
+                data=lease.resource.data,
                 deadline_left=deadline_left,
                 deadline_at=deadline_at,
                 **entry,
