@@ -98,6 +98,11 @@ class Client:
             self.history.write("wait", t0, now(), "error", self.wait_timeout)
             raise
         self.history.write("wait", t0, now(), "granted", self.wait_timeout)
+        from resource_lease.line import stats
+
+        # This client's hand-offs so far (PostgreSQL's RELEASE): handed, of which taken as
+        # the release's NOTIFY described them (no read). A figure, not a verdict.
+        self.history.write("line", stats.handed, stats.handed_unread)
         return got
 
     def step(self) -> None:

@@ -92,6 +92,8 @@ class Report:
     units: int = 0
     losses: int = 0
     served_in_tail: str = ""
+    #: Hand-offs taken without a read / handed (PostgreSQL; "0/0" elsewhere).
+    hand_offs: str = ""
     faults: dict[str, int] = field(default_factory=dict)
     not_injected: dict[str, str] = field(default_factory=dict)
     violations: int = 0
@@ -108,7 +110,7 @@ class Report:
         return (
             f"{self.primitive:<10} {self.database:<14} {self.seconds:g}s x{self.processes}: "
             f"operations={self.operations} grants={self.grants} units={self.units} losses={self.losses} "
-            f"served_in_tail={self.served_in_tail} "
+            f"served_in_tail={self.served_in_tail} hand_offs={self.hand_offs} "
             f"faults: {faults}; violations={self.violations}{' ' + kinds if kinds else ''}"
         )
 
@@ -188,6 +190,7 @@ def run(plan: Plan, *, alias: str, url: str, label: str = "", keep: Path | None 
     report.operations = summary["operations"]
     report.grants, report.units, report.losses = summary["grants"], summary["units"], summary["losses"]
     report.served_in_tail = summary["served_in_tail"]
+    report.hand_offs = summary["hand_offs"]
     report.violations, report.by_kind, report.examples = summary["violations"], summary["by_kind"], summary["examples"]
     report.faults = nemesis.summary()
     report.elapsed = time.monotonic() - started
