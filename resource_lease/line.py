@@ -531,11 +531,11 @@ class Waiting:
         try_now = False
         while True:
             handed = self.waker.take_handed()
-            if place.token and (place.gone or (handed is not None and handed[0] == place.id)):
+            mine = handed if handed is not None and handed[0] == place.id else None
+            if place.token and (place.gone or mine is not None):
                 # A release handed this place a row (it said so, or the place is gone): take it,
                 # as the release described it (its NOTIFY) or read.
-                mine = handed if handed is not None and handed[0] == place.id else None
-                result = yield from self._claim(place, *((0,) if mine is None else mine[1:]))
+                result = yield from self._claim(place, *((0, None) if mine is None else mine[1:]))
                 if result is not None:
                     return result
             if place.lost:
