@@ -20,7 +20,8 @@ the database (``models.Waiter``):
    also looks at least every ``LINE_POLL_MAX`` and at the moment the first held row of its
    line expires (a holder that died), so a missed wake-up costs time, never the turn.
 4. When it is served, gives up (timeout) or is cancelled, it leaves the line at once
-   (``LEAVE_LINE``); if it cannot (the database is down), its place expires after its ttl.
+   (``LEAVE_LINE``); if it cannot (the database is down), the keeper leaves it as soon as
+   the database answers (``resource_lease.leaving``), or its place expires after its ttl.
 """
 
 from __future__ import annotations
@@ -33,14 +34,15 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from resource_lease import metrics, renewal
+from resource_lease import leaving, metrics, renewal
 from resource_lease.conf import lease_settings
 from resource_lease.db.connections import LockWaitTimeout
 from resource_lease.db.line import ARRIVING, NEWCOMER, Look, Turn, left_by_grant
 from resource_lease.db.line import Place as WaitingPlace
 from resource_lease.db.operations import ops
-from resource_lease.exceptions import LeaseDatabaseError, LeaseLost
-from resource_lease.wakeups import Waker, after_release, board, listen, pass_turn, pushed, turn_channel, unlisten
+from resource_lease.exceptions import LeaseLost
+from resource_lease.line_stats import stats
+from resource_lease.wakeups import Waker, board, listen, pass_turn, pushed, turn_channel, unlisten
 
 logger = logging.getLogger("resource_lease")
 
@@ -61,33 +63,6 @@ class Line:
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.name}" if self.name else self.kind
-
-
-class Stats:
-    """What this process's waiters did (benchmarks: what a waiter costs the database)."""
-
-    def __init__(self) -> None:
-        self.entered = 0  # places taken
-        self.looks = 0  # looks at a line (one read each)
-        self.attempts = 0  # grant statements run while in line (the first attempt excluded)
-        self.wakes = 0  # wake-ups received (in-process or NOTIFY)
-        self.renewals = 0  # places renewed
-        self.at_once = 0  # granted at the first attempt, without taking a place
-        self.enter_lock_waits = 0  # places not taken: the statement waited out the lock wait timeout
-        self.first_tries_skipped = 0  # newcomers that went straight to a place: their line was marked
-        self.marks_skipped = 0  # places taken without marking the line: this process had just marked it
-        self.claims = 0  # grants read that a release handed to a place (one read each)
-        self.handed = 0  # ... of which found a grant
-        self.handed_unread = 0  # grants handed to a place taken as the release described them (no read)
-        self.handed_back = 0  # grants handed to a waiter that had left (given back as it left)
-        self.turns_passed = 0  # turns told to a waiter that left without taking them, passed on
-
-    def as_dict(self) -> dict[str, int]:
-        return dict(vars(self))
-
-
-#: Counters of this process's waiting (plain ints: a lost increment between threads is fine).
-stats = Stats()
 
 
 class Place:
@@ -309,41 +284,6 @@ def _purge_now_and_then(line: Line) -> None:
     ops(line.alias).purge_line(line.kind, line.name)
 
 
-def _leave(place: Place, *, gone: bool = False) -> bool | None:
-    """Leave the line now; whether the place was there to delete, None if the database could
-    not be told (the place expires after its ttl). ``gone``: it was deleted in the commit
-    that served its waiter (only this process's bookkeeping is left)."""
-    renewal.renewer().discard(place)
-    board().remove_place(place.line.alias, place.id)
-    if gone:
-        return False
-    try:
-        return ops(place.line.alias).leave_line(place.id)
-    except LeaseDatabaseError as exc:
-        logger.warning("could not leave line %s (the place expires after its ttl): %s", place.line, exc)
-        return None
-
-
-def _give_back_handed(place: Place) -> None:
-    """Give back a grant a release handed to ``place`` that its waiter will not take (it
-    gave up, or was served by its own grant meanwhile): released as any grant is, so the
-    release hands it on. If the database cannot be told, the grant runs out by its ttl."""
-    engine = ops(place.line.alias)
-    try:
-        claimed = engine.claim_handed(place.line.kind, token=place.token)
-        if claimed is None:
-            return
-        resource = engine.dialect.to_resource(claimed[0])
-        stats.handed_back += 1
-        logger.info("%r: giving back row %s, handed to it as it left the line", place, resource.pk)
-        released, handed_to = engine.release_to_line(pk=resource.pk, holder=resource.holder, fence=resource.fence)
-        after_release(
-            place.line.alias, resource.kind, resource.name, resource.pk, released=released, handed_to=handed_to
-        )
-    except LeaseDatabaseError as exc:
-        logger.warning("%r: could not give back a grant handed to it (it runs out by its ttl): %s", place, exc)
-
-
 def _look(place: Place, where: str | None, shared: bool = False) -> Look:
     stats.looks += 1
     return ops(place.line.alias).look(place.line.kind, place.line.name, turn=place.turn, where=where, shared=shared)
@@ -465,7 +405,7 @@ class Waiting:
 
     def _reenter(self) -> Place | None:
         assert self.place is not None
-        _leave(self.place)
+        leaving.leave(self.place)
         self.place = None
         return self._enter()
 
@@ -597,11 +537,14 @@ class Waiting:
             left = left_by_grant.pop((place.line.alias, place.id), None)
             # Gone already, in the commit that served us (our grant's, or the release that
             # handed us the row): nothing to delete, and no round trip to delete nothing.
-            there = _leave(place, gone=bool(left) or self.claimed)
-            if place.token and not self.claimed and not (there or left):
+            there = leaving.leave(place, gone=bool(left) or self.claimed)
+            if there is None:
+                leaving.retry(place)  # the database could not be told: the keeper leaves it
+            elif place.token and not self.claimed and not (there or left):
                 # Neither our leave nor our grant deleted the place: a release may have handed
                 # it a row a moment before (or it had expired).
-                _give_back_handed(place)
+                if leaving.give_back_handed(place) is None:
+                    leaving.retry(place)
             if self.waker.take_turn():
                 # A release told this waiter its turn, and it did not take it (served by an
                 # earlier turn, or it gave up): the waiters now first may take it.

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from resource_lease import acquire, line, lock
+from resource_lease import acquire, leaving, lock
 from resource_lease.db.connections import lease_connection, run_repeatable
 from resource_lease.db.postgresql import HANDED_DATA_MAX
 from resource_lease.lease import attempt_grant
@@ -203,17 +203,17 @@ def test_a_waiter_that_gives_up_gives_back_the_row_handed_to_it(
     variant: str, monkeypatch: pytest.MonkeyPatch, make_pool: Callable[..., Any]
 ) -> None:
     if variant == "negative-control":
-        monkeypatch.setattr(line, "_give_back_handed", lambda place: None)
+        monkeypatch.setattr(leaving, "give_back_handed", lambda place: False)
     make_pool("given-up", 1)
     held = acquire("given-up", ttl=300)
-    leaving = _waiting("given-up", "leaving")
+    giving_up = _waiting("given-up", "leaving")
     behind = _waiting("given-up", "behind")
-    assert leaving.place is not None and behind.place is not None
-    token, behind_token = leaving.place.token, behind.place.token
+    assert giving_up.place is not None and behind.place is not None
+    token, behind_token = giving_up.place.token, behind.place.token
     try:
         assert held.release()  # handed to the first waiter's place
         assert Resource.objects.get(kind="given-up").grant_token == token
-        leaving.cleanup()  # it gave up (a timeout) and leaves, with a row handed to it
+        giving_up.cleanup()  # it gave up (a timeout) and leaves, with a row handed to it
         row = Resource.objects.get(kind="given-up")
     finally:
         behind.cleanup()
@@ -229,7 +229,7 @@ def test_a_waiter_served_by_its_own_grant_gives_back_a_row_handed_meanwhile(
     variant: str, monkeypatch: pytest.MonkeyPatch, make_pool: Callable[..., Any]
 ) -> None:
     if variant == "negative-control":
-        monkeypatch.setattr(line, "_give_back_handed", lambda place: None)
+        monkeypatch.setattr(leaving, "give_back_handed", lambda place: False)
     make_pool("both", 2)
     first, second = acquire("both", ttl=300, holder="other"), acquire("both", ttl=300, holder="other")
     waiter = _waiting("both", "twice")

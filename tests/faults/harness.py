@@ -219,7 +219,9 @@ class CutProxy:
     The statement is recognised by byte patterns in one client-to-server packet (the SQL text
     travels in clear on a local connection without TLS). The server runs it to the end (an
     autocommit statement has committed when its answer is sent); the client gets a dropped
-    connection: the outcome is unknown to it.
+    connection: the outcome is unknown to it. Armed with ``outage``, the statement never
+    reaches the server: every connection through the proxy is cut as it is sent, and new ones
+    are hung up on for ``outage`` seconds (the database gone for the client, for a moment).
     """
 
     def __init__(self, host: str, port: int) -> None:
@@ -228,27 +230,55 @@ class CutProxy:
         self.port = self._listener.getsockname()[1]
         self._patterns: tuple[bytes, ...] | None = None
         self._hold: float | None = None
+        self._outage: float | None = None
+        self._unless: bytes | None = None
+        self._refuse_until = 0.0
         self._lock = threading.Lock()
         self.cuts: queue.Queue[float] = queue.Queue()
         self._socks: list[socket.socket] = []
         self._closed = False
         threading.Thread(target=self._accept, name="cut-proxy", daemon=True).start()
 
-    def arm(self, *patterns: bytes, hold: float | None = None) -> None:
+    def arm(
+        self, *patterns: bytes, hold: float | None = None, outage: float | None = None, unless: bytes | None = None
+    ) -> None:
         """Cut the next connection whose client sends one packet containing all ``patterns``
-        (with ``hold``: keep it, and hold back the answer to that packet for ``hold`` seconds).
-        ``cuts`` gets the time the answer was caught."""
+        (and not ``unless``) (with ``hold``: keep it, and hold back the answer to that packet
+        for ``hold`` seconds; with ``outage``: drop that packet, cut every connection and
+        refuse new ones for ``outage`` seconds). ``cuts`` gets the time the answer (or the
+        packet) was caught."""
         with self._lock:
+            self._unless = unless
             self._patterns = patterns
             self._hold = hold
+            self._outage = outage
+
+    def _matches(self, data: bytes) -> bool:
+        return (
+            self._patterns is not None
+            and all(p in data for p in self._patterns)
+            and (self._unless is None or self._unless not in data)
+        )
 
     def _take(self, data: bytes) -> float | bool:
         """False, or what to do with the answer: True (cut) or the seconds to hold it."""
         with self._lock:
-            if self._patterns is not None and all(p in data for p in self._patterns):
+            if self._matches(data):
                 self._patterns = None
                 return True if self._hold is None else self._hold
         return False
+
+    def _outage_begins(self, data: bytes) -> bool:
+        """Whether ``data`` is the packet an outage was armed on (then it has begun)."""
+        with self._lock:
+            if self._outage is None or not self._matches(data):
+                return False
+            self._patterns = None
+            self._refuse_until = time.monotonic() + self._outage
+            self._outage = None
+        self.cuts.put(time.monotonic())
+        self._close(*self._socks)
+        return True
 
     def _accept(self) -> None:
         while not self._closed:
@@ -256,6 +286,9 @@ class CutProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if time.monotonic() < self._refuse_until:
+                self._close(client)  # the database is away: hung up on at once
+                continue
             try:
                 server = socket.create_connection(self.target, timeout=10)
             except OSError:
@@ -270,6 +303,8 @@ class CutProxy:
     def _pump_up(self, client: socket.socket, server: socket.socket, state: dict[str, float | bool]) -> None:
         try:
             while data := client.recv(65536):
+                if self._outage_begins(data):
+                    return  # never sent: every connection is cut
                 if taken := self._take(data):
                     state["cut"] = taken  # set before the server can answer
                 server.sendall(data)

@@ -316,6 +316,65 @@ def test_a_grant_held_up_leaving_the_line_past_its_ttl_is_not_handed_out(
     _judge_late_hand_out(late, again, "4-late-leave-line", engine, figures, grants=3)
 
 
+@pytest.mark.parametrize("engine", [True, False], ids=["engine", "no-retry-control"])
+def test_a_place_left_while_the_database_was_away_is_left_once_it_answers(
+    engine: bool,
+    proxy: CutProxy,
+    make_pool: Callable[..., list[Resource]],
+    start_holder: Callable[..., Child],
+    figures: Callable[..., Any],
+) -> None:
+    """A waiter gives up (its timeout) just as the database goes away for it: its leaving
+    statement never arrives, and neither does the one retry. Its place would stay in line for
+    its whole ttl (20 s here): on MariaDB nobody behind it is served, on PostgreSQL the
+    release hands it the row, which nobody takes. The row is released during the outage, and
+    a newcomer asks for it. The engine's keeper leaves the place (and gives back what it was
+    handed) once the database answers again, so the newcomer is served within seconds of the
+    outage; the control, whose keeper does not, keeps the newcomer out past its timeout."""
+    ttl, outage = 20.0, 2.0
+    make_pool("left-away", 1)
+    child = start_holder("left-away", ttl, env=_through(proxy) | ({} if engine else {"FAULTS_NO_LEAVE_RETRY": "1"}))
+    child.wait_for("acquired")
+    assert child.command("release")["ok"]
+    first = acquire("left-away", ttl=60)  # the row is taken: the child's next ask waits in line
+    asked = child.send("acquire", 2.0)
+    deadline = time.monotonic() + 30
+    while not Waiter.objects.filter(kind="left-away").exists():
+        assert time.monotonic() < deadline, f"the child never took a place in line: {child.tail()}"
+        time.sleep(0.02)
+    # Its LEAVE_LINE as it gives up (PostgreSQL's grants delete a place too, in an UPDATE).
+    proxy.arm(b"DELETE FROM", b"WHERE id =", outage=outage, unless=b"UPDATE")
+    proxy.cuts.get(timeout=30)
+    gave_up = child.reply(asked, 30)
+    assert not gave_up["ok"] and "NoResourceAvailable" in gave_up["error"], gave_up
+    assert Waiter.objects.live().filter(kind="left-away").exists(), "the place was left after all"
+    assert first.release()  # during the outage: PostgreSQL hands the row to the child's place
+    started = time.monotonic()
+    try:
+        newcomer = acquire("left-away", ttl=30, timeout=outage + 6.0)
+    except NoResourceAvailable:
+        newcomer = None
+    waited = time.monotonic() - started
+    figures(
+        "4-left-while-away" + ("" if engine else "-control"),
+        outage=outage,
+        place_ttl=ttl,
+        newcomer_waited=waited,
+        served=int(newcomer is not None),
+    )
+    if newcomer is not None:
+        newcomer.release()
+    if engine:
+        assert newcomer is not None, f"the newcomer was kept out by the place left behind: {child.tail()}"
+        assert not Waiter.objects.filter(kind="left-away").exists()
+        kept = child.command("line_stats")["result"]
+        assert kept["leaves_retried"] == 1 and kept["leaves_pending"] == 0, kept
+        # PostgreSQL's release handed the row to the place left behind: given back.
+        assert kept["handed_back"] == int(lease_connection("default").dialect.hands_off), kept
+    else:
+        assert newcomer is None, "the control's place left behind kept nobody out"
+
+
 @pytest.mark.parametrize("engine", [True, False], ids=["engine", "hand-out-control"])
 def test_a_renewal_whose_answer_arrives_after_its_ttl_loses_the_lease(
     engine: bool,

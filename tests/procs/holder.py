@@ -16,7 +16,8 @@ reports ``acquired``; then it answers commands on stdin (instrument.py's ``serve
 - ``acquire [timeout]``: acquire again (after a loss or a release); ``state``: lost flag, reason, renewal thread;
 - ``flush_audit``: store the audit events still queued (``resource_lease.audit.flush()``);
 - ``pool_state``: the leased row's state and time left (``pool.with_state``, on the user's
-  connection); ``clocks``: this process's wall clock, the database's, the user connection's
+  connection); ``line_stats``: what its waiting did (``resource_lease.line.stats``) and the
+  places its keeper has yet to leave; ``clocks``: this process's wall clock, the database's, the user connection's
   session time zone offset, and the ids the database system checks report; ``exit``.
 
 ``on_lost`` reports ``lost``; instrument.py reports sessions and renewals.
@@ -177,6 +178,11 @@ class Holder:
             return {"state": row.state, "time_left": left}
         if command == "clocks":
             return self.clocks()
+        if command == "line_stats":
+            from resource_lease import leaving
+            from resource_lease.line import stats
+
+            return stats.as_dict() | {"leaves_pending": leaving.pending()}
         raise ValueError(f"unknown command {command!r}")
 
 

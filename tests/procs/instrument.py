@@ -15,7 +15,10 @@ on the engine's own connections, set by the test through the environment.
   successful) whose answer came back after the lease's local deadline (a negative control);
 - ``FAULTS_READ_HANDED=1``: a waiter reads every grant a release handed it
   (``CLAIM_HANDED``), as it does when the release's NOTIFY came late or not at all, instead of
-  taking it as the NOTIFY described it (PostgreSQL).
+  taking it as the NOTIFY described it (PostgreSQL);
+- ``FAULTS_NO_LEAVE_RETRY=1``: a broken engine whose keeper does not leave a place its waiter
+  could not (the database was away as it left): the place stays until its ttl (a negative
+  control).
 
 Times (``t``, ``deadline``) are the host's monotonic clock, shared by every process.
 """
@@ -84,6 +87,10 @@ def setup() -> None:
         import resource_lease.lease
 
         resource_lease.lease.HANDED_UNREAD_MIN = float("inf")
+    if os.environ.get("FAULTS_NO_LEAVE_RETRY"):
+        import resource_lease.leaving
+
+        resource_lease.leaving.retry = lambda place: None  # type: ignore[assignment]
     if os.environ.get("FAULTS_HAND_OUT_LATE"):
         import resource_lease.lease
 
