@@ -109,3 +109,29 @@ def test_mysqls_read_grant_of_an_rwlock_is_the_common_one_but_for_handing_its_fe
     assert mysql.RW_READ.update == rw_statements.RW_READ.update  # the same UPDATE, whole
     assert mysql.RW_READ.read_back == rw_statements.RW_READ.read_back
     assert mysql.RW_NEXT_FENCE == f"LAST_INSERT_ID({rw_statements.RW_NEXT_FENCE})"
+
+
+def _over_psycopgs_cache(sql: dict[str, str]) -> list[str]:
+    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
+
+    return [
+        f"{name}: {len(text.encode())} bytes"
+        for name, text in sql.items()
+        if len(text.encode()) > MAX_CACHED_STATEMENT_LENGTH
+    ]
+
+
+def test_every_postgresql_lease_statement_fits_psycopgs_cache_of_parsed_queries() -> None:
+    """psycopg parses a statement's text for its placeholders on every call, unless it is at
+    most MAX_CACHED_STATEMENT_LENGTH (4096) bytes, whose parse it caches. RELEASE, run by every
+    release, grew to 4104 bytes (stop 39: the handed grant's data in its NOTIFY) and was parsed
+    again each time; its HANDED condition is now short."""
+    pytest.importorskip("psycopg")
+    assert _over_psycopgs_cache(rendered("postgresql")) == []
+
+
+def test_negative_control_a_statement_over_psycopgs_cache_is_named() -> None:
+    pytest.importorskip("psycopg")
+    release = rendered("postgresql")["RELEASE"]
+    padded = release.replace("h.next_ttl > 0", "COALESCE(h.next_ttl, 0) > 0")
+    assert _over_psycopgs_cache({"RELEASE": release, "PADDED": padded}) == [f"PADDED: {len(padded)} bytes"]

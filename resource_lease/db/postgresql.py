@@ -130,8 +130,11 @@ HANDED_GRANT = (
 
 # Whether the release hands its row to the head of its line (HEAD_OF_LINE): a waiter that
 # takes hand-offs (its grant_ttl, written as it took its place: not an rwlock's, not one with a
-# lock_delay, not a ResourceHolder's).
-HANDED = "COALESCE(h.next_ttl, 0) > 0"
+# lock_delay, not a ResourceHolder's). NULL when nobody is at the head (LEFT JOIN h): every use
+# is a CASE WHEN or a WHERE, where NULL is not true. (Short on purpose: RELEASE names it twelve
+# times, and psycopg caches the parsing of a statement up to 4096 bytes only:
+# tests/test_statements.py.)
+HANDED = "h.next_ttl > 0"
 
 # Give a live grant back (RELEASE). If the head of the row's line takes hand-offs, the row is
 # granted to it in the same statement, as a grant would (GRANT_SET: fence + 1, its holder,
