@@ -337,7 +337,7 @@ def test_a_place_left_while_the_database_was_away_is_left_once_it_answers(
     child.wait_for("acquired")
     assert child.command("release")["ok"]
     first = acquire("left-away", ttl=60)  # the row is taken: the child's next ask waits in line
-    asked = child.send("acquire", 2.0)
+    asked = child.send("acquire", 4.0)
     deadline = time.monotonic() + 30
     while not Waiter.objects.filter(kind="left-away").exists():
         assert time.monotonic() < deadline, f"the child never took a place in line: {child.tail()}"
