@@ -59,6 +59,7 @@ class Verdict:
     #: ``line`` record, summed).
     handed: int = 0
     handed_unread: int = 0
+    leaves_retried: int = 0
     violations: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
 
     @property
@@ -76,6 +77,7 @@ class Verdict:
             "losses": self.losses,
             "served_in_tail": f"{self.tail_served}/{self.tail_clients}",
             "hand_offs": f"{self.handed_unread}/{self.handed}",
+            "leaves_retried": self.leaves_retried,
             "violations": self.violation_count,
             "by_kind": {kind: len(found) for kind, found in sorted(self.violations.items()) if found},
             "examples": {kind: found[:3] for kind, found in sorted(self.violations.items()) if found},
@@ -127,7 +129,7 @@ def check(
     claims: dict[tuple[str, int], set[int]] = defaultdict(set)
     for h in histories:
         served = answered = False
-        handed = (0, 0)  # this client's hand-offs, as its last "line" record says
+        handed = (0, 0, 0)  # this client's hand-offs and retried leaves, as its last "line" record says
         for line in h.lines:
             word = line[0]
             if word == "unit":
@@ -163,13 +165,14 @@ def check(
                 if line[1] != "OK":
                     verdict.add("group_view", f"{h.name}/{h.pid} trusted its membership and was not in view()")
             elif word == "line":
-                handed = (int(line[1]), int(line[2]))
+                handed = (int(line[1]), int(line[2]), int(line[3]) if len(line) > 3 else 0)
             elif word == "loss":
                 verdict.losses += 1
             elif word == "error":
                 verdict.add("unexpected_error", f"{h.name}/{h.pid}: {' '.join(line[2:])}")
         verdict.handed += handed[0]
         verdict.handed_unread += handed[1]
+        verdict.leaves_retried += handed[2]
         started = next((int(line[3]) for line in h.lines if line[0] == "start"), 0)
         # A client that was alive through the quiet tail (one that replaced a killed one
         # and was still starting when the tail began is not judged).

@@ -101,8 +101,9 @@ class Client:
         from resource_lease.line import stats
 
         # This client's hand-offs so far (PostgreSQL's RELEASE): handed, of which taken as
-        # the release's NOTIFY described them (no read). A figure, not a verdict.
-        self.history.write("line", stats.handed, stats.handed_unread)
+        # the release's NOTIFY described them (no read); and the places its keeper left for
+        # waiters that could not (the database away as they left). Figures, not verdicts.
+        self.history.write("line", stats.handed, stats.handed_unread, stats.leaves_retried)
         return got
 
     def step(self) -> None:

@@ -94,6 +94,8 @@ class Report:
     served_in_tail: str = ""
     #: Hand-offs taken without a read / handed (PostgreSQL; "0/0" elsewhere).
     hand_offs: str = ""
+    #: Places the clients' keepers left for waiters that could not (the database away).
+    leaves_retried: int = 0
     faults: dict[str, int] = field(default_factory=dict)
     not_injected: dict[str, str] = field(default_factory=dict)
     violations: int = 0
@@ -110,7 +112,7 @@ class Report:
         return (
             f"{self.primitive:<10} {self.database:<14} {self.seconds:g}s x{self.processes}: "
             f"operations={self.operations} grants={self.grants} units={self.units} losses={self.losses} "
-            f"served_in_tail={self.served_in_tail} hand_offs={self.hand_offs} "
+            f"served_in_tail={self.served_in_tail} hand_offs={self.hand_offs} leaves_retried={self.leaves_retried} "
             f"faults: {faults}; violations={self.violations}{' ' + kinds if kinds else ''}"
         )
 
@@ -191,6 +193,7 @@ def run(plan: Plan, *, alias: str, url: str, label: str = "", keep: Path | None 
     report.grants, report.units, report.losses = summary["grants"], summary["units"], summary["losses"]
     report.served_in_tail = summary["served_in_tail"]
     report.hand_offs = summary["hand_offs"]
+    report.leaves_retried = summary["leaves_retried"]
     report.violations, report.by_kind, report.examples = summary["violations"], summary["by_kind"], summary["examples"]
     report.faults = nemesis.summary()
     report.elapsed = time.monotonic() - started
