@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -32,8 +33,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("resource_lease")
 
-#: The most seconds between two of the keeper's tries to leave a place for a waiter that
-#: could not (a place of ttl t is tried every t/4 if that is sooner).
+#: Seconds between the keeper's first rounds of leaving the places whose waiters could not
+#: (a quarter of the shortest ttl if that is sooner); they back off up to RETRY_MAX.
 RETRY_EVERY = 1.0
 
 
@@ -75,52 +76,96 @@ def give_back_handed(place: Place, *, retrying: bool = False) -> bool | None:
 
 
 class Leaving:
-    """The keeper's job for a place its waiter left while the database could not be told:
-    delete it, and give back a row a release handed it meanwhile, as soon as the database
-    answers; given up once the place, and a grant handed to it just before it expired, have
-    run out by themselves."""
+    """The keeper's job for the places of one database alias whose waiters left while it could
+    not be told: delete each, and give back a row a release handed it meanwhile, as soon as
+    the database answers; a place is given up once it, and a grant handed to it just before
+    it expired, have run out by themselves.
 
-    def __init__(self, place: Place) -> None:
-        self.place = place
+    One job per alias, so that while the database is away each round costs one failed
+    statement (a connection attempt that may take its connect timeout, on the keeper's thread,
+    which the process's renewals share), not one per place; and the rounds back off, from
+    ``RETRY_EVERY`` (or a quarter of the shortest ttl) up to ``RETRY_MAX`` seconds apart."""
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        self._places: list[tuple[Place, float]] = []  # (place, when to give it up)
+        self._failed = 0  # rounds in a row in which the database did not answer
+
+    def add(self, place: Place) -> float:
+        """Leave ``place`` too; the seconds until the next round."""
         # The place expires one ttl after its last renewal (``remaining``); a row handed to it
         # just before runs out one ttl after that.
-        self.until = time.monotonic() + place.remaining() + place.ttl
-        self.every = min(RETRY_EVERY, place.ttl / 4)
+        self._places.append((place, time.monotonic() + place.remaining() + place.ttl))
+        self._failed = 0
+        return self._interval()
+
+    def _interval(self) -> float:
+        shortest = min((place.ttl / 4 for place, _ in self._places), default=RETRY_EVERY)
+        return min(RETRY_MAX, min(RETRY_EVERY, shortest) * 2**self._failed)
 
     def keep(self) -> float | None:
-        place = self.place
-        try:
-            there = ops(place.line.alias).leave_line(place.id)
-        except LeaseDatabaseError as exc:
-            there = None
-            logger.debug("%r: still cannot leave the line: %s", place, exc)
-        if there is not None and not (place.token and not there and give_back_handed(place, retrying=True) is None):
-            stats.leaves_retried += 1
-            logger.info("%r: left the line, now that the database answers", place)
-            _pending.discard(self)
-            return None
-        if time.monotonic() + self.every > self.until:
-            logger.warning("%r: gave up leaving the line: it has run out by itself", place)
-            _pending.discard(self)
-            return None
-        return self.every
+        with _lock:
+            places = list(self._places)
+        for place, until in places:
+            if time.monotonic() > until:
+                logger.warning("%r: gave up leaving the line: it has run out by itself", place)
+            elif not _leave_again(place):
+                self._failed += 1  # the database is still away: the others wait for the next round
+                break
+            else:
+                stats.leaves_retried += 1
+                logger.info("%r: left the line, now that the database answers", place)
+            with _lock:
+                self._places.remove((place, until))
+        else:
+            self._failed = 0
+        with _lock:
+            if not self._places:
+                _leaving.pop(self.alias, None)
+                return None
+            return self._interval()
 
 
-# The keeper holds its jobs weakly: these are held here until they end.
-_pending: set[Leaving] = set()
+def _leave_again(place: Place) -> bool:
+    """Delete ``place`` (and give back what a release handed it); whether the database could
+    be told."""
+    try:
+        there = ops(place.line.alias).leave_line(place.id)
+    except LeaseDatabaseError as exc:
+        logger.debug("%r: still cannot leave the line: %s", place, exc)
+        return False
+    return bool(there) or not place.token or give_back_handed(place, retrying=True) is not None
+
+
+#: The most seconds between two of the keeper's rounds of leaving, once they back off.
+RETRY_MAX = 8.0
+
+# The keeper holds its jobs weakly: each alias's job is held here until it ends.
+_leaving: dict[str, Leaving] = {}
+_lock = threading.Lock()
 
 
 def retry(place: Place) -> None:
     """Leave ``place`` (and give back what it was handed) on the keeper's thread, as soon as
     the database answers: its waiter could not."""
-    job = Leaving(place)
-    _pending.add(job)
-    keeper().schedule(job, job.every)
+    with _lock:
+        job = _leaving.get(place.line.alias)
+        if job is None:
+            job = _leaving[place.line.alias] = Leaving(place.line.alias)
+        delay = job.add(place)
+    keeper().schedule(job, delay)
 
 
 def pending() -> int:
     """How many places of this process wait to be left (tests, diagnostics)."""
-    return len(_pending)
+    with _lock:
+        return sum(len(job._places) for job in _leaving.values())
 
 
-os.register_at_fork(after_in_child=_pending.clear)  # the parent's places are not the child's
+def _after_fork_in_child() -> None:
+    global _lock
+    _leaving.clear()  # the parent's places are not the child's
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
