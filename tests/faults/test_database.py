@@ -276,6 +276,14 @@ def _judge_late_hand_out(
         assert violations, f"the control handed out nothing late: {late.tail()}"
 
 
+def _until_in_line(kind: str, child: Child) -> None:
+    """Wait until ``child`` has taken a place in the line of ``kind``."""
+    deadline = time.monotonic() + 30
+    while not Waiter.objects.filter(kind=kind).exists():
+        assert time.monotonic() < deadline, f"the child never took a place in line: {child.tail()}"
+        time.sleep(0.02)
+
+
 @pytest.mark.parametrize("engine", [True, False], ids=["engine", "hand-out-control"])
 def test_a_grant_held_up_leaving_the_line_past_its_ttl_is_not_handed_out(
     engine: bool,
@@ -302,10 +310,7 @@ def test_a_grant_held_up_leaving_the_line_past_its_ttl_is_not_handed_out(
     if lease_connection("default").dialect.hands_off:
         env["FAULTS_READ_HANDED"] = "1"
     late = start_holder("late-leave", ttl, auto_renew=False, timeout=ttl + 9, env=env)
-    deadline = time.monotonic() + 30
-    while not Waiter.objects.filter(kind="late-leave").exists():
-        assert time.monotonic() < deadline, f"the child never took a place in line: {late.tail()}"
-        time.sleep(0.02)
+    _until_in_line("late-leave", late)
     if lease_connection("default").dialect.hands_off:
         proxy.arm(b"EXTRACT(EPOCH FROM busy_before", b"grant_token =", hold=ttl + 2.0)  # its claim's answer
     else:
@@ -338,10 +343,7 @@ def test_a_place_left_while_the_database_was_away_is_left_once_it_answers(
     assert child.command("release")["ok"]
     first = acquire("left-away", ttl=60)  # the row is taken: the child's next ask waits in line
     asked = child.send("acquire", 4.0)
-    deadline = time.monotonic() + 30
-    while not Waiter.objects.filter(kind="left-away").exists():
-        assert time.monotonic() < deadline, f"the child never took a place in line: {child.tail()}"
-        time.sleep(0.02)
+    _until_in_line("left-away", child)
     # Its LEAVE_LINE as it gives up (PostgreSQL's grants delete a place too, in an UPDATE).
     proxy.arm(b"DELETE FROM", b"WHERE id =", outage=outage, unless=b"UPDATE")
     proxy.cuts.get(timeout=30)
