@@ -331,12 +331,12 @@ def test_a_place_left_while_the_database_was_away_is_left_once_it_answers(
 ) -> None:
     """A waiter gives up (its timeout) just as the database goes away for it: its leaving
     statement never arrives, and neither does the one retry. Its place would stay in line for
-    its whole ttl (20 s here): on MariaDB nobody behind it is served, on PostgreSQL the
+    its whole ttl (30 s here): on MariaDB nobody behind it is served, on PostgreSQL the
     release hands it the row, which nobody takes. The row is released during the outage, and
     a newcomer asks for it. The engine's keeper leaves the place (and gives back what it was
     handed) once the database answers again, so the newcomer is served within seconds of the
     outage; the control, whose keeper does not, keeps the newcomer out past its timeout."""
-    ttl, outage = 20.0, 2.0
+    ttl, outage = 30.0, 2.0
     make_pool("left-away", 1)
     child = start_holder("left-away", ttl, env=_through(proxy) | ({} if engine else {"FAULTS_NO_LEAVE_RETRY": "1"}))
     child.wait_for("acquired")
