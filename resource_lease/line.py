@@ -56,10 +56,12 @@ class Line:
     alias: str
     kind: str
     name: str = ""
-    #: Whether its waiters mark the line's rows (``Resource.line_until``, docs/waiting.md#marks)
-    #: so that a newcomer's first try may skip the line's subquery: the lines whose grants
-    #: have such a form. An rwlock's grants always check its line (``RW_READ``, ``RW_WRITE``).
-    marked: bool = True
+    # Every line's waiters mark its rows (``Resource.line_until``, docs/waiting.md#marks): a
+    # newcomer's first try may then skip the line's subquery, and a release knows that a
+    # waiter may be in line, so it wakes the next one (PostgreSQL's RELEASE tells turns only
+    # on a marked row). An rwlock's grants check its line anyway (``RW_READ``, ``RW_WRITE``),
+    # but its release needs the mark all the same: without it its waiters slept through every
+    # release until their LINE_POLL_MAX look (tests/test_liveness.py).
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.name}" if self.name else self.kind
@@ -118,7 +120,7 @@ class Place:
     def renew(self) -> None:
         sent_at = time.monotonic()
         line = self.line
-        mark = line.marked and sent_at - self._marked_at >= self.MARK_AGAIN * self.ttl
+        mark = sent_at - self._marked_at >= self.MARK_AGAIN * self.ttl
         kept = ops(line.alias).renew_place(
             self.id, kind=line.kind, name=line.name, where=self.where, ttl=self.ttl, mark=mark
         )
@@ -199,7 +201,7 @@ def marked_now(line: Line) -> bool:
     """Whether every row of ``line`` is surely marked now, by this process's own last mark
     (rows added since aside): the UNMARKED try of a newcomer would be refused."""
     mark = _marks.get(line)
-    return line.marked and mark is not None and time.monotonic() < mark.until
+    return mark is not None and time.monotonic() < mark.until
 
 
 def fresh_mark(line: Line, where: str | None, ttl: float, now: float) -> float | None:
@@ -228,8 +230,8 @@ def _enter(
     renewal starts at once."""
     _purge_now_and_then(line)
     sent_at = time.monotonic()
-    marked_at = fresh_mark(line, where, ttl, sent_at) if line.marked else None
-    mark = line.marked and marked_at is None
+    marked_at = fresh_mark(line, where, ttl, sent_at)
+    mark = marked_at is None
     engine = ops(line.alias)
     token = secrets.token_hex(16) if handoff and engine.dialect.hands_off else ""
     place = engine.enter_line(
@@ -248,7 +250,7 @@ def _enter(
     stats.entered += 1
     if mark:
         note_mark(line, where, sent_at, ttl)
-    elif line.marked:
+    else:
         stats.marks_skipped += 1
     entered = Place(
         line,

@@ -123,7 +123,7 @@ class RwLock:
             lock_delay=lock_delay,
         )
         name, kind = self.name, RWLOCK_KIND
-        line = Line(call.using, kind, name, marked=False)
+        line = Line(call.using, kind, name)
         grant: Callable[..., Grant] = grant_read if shared else grant_write
         lease_class = ReadLease if shared else Lease
 
