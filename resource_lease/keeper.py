@@ -9,7 +9,11 @@ and groups, and every polling watch of the process.
 
 A job is any object with a step method (``keep()`` by default; ``renew_in_background()``
 for a renewable) that runs once and returns the seconds until its next run, or None to
-stop. Jobs are held weakly: one that is garbage-collected simply stops. A step that takes
+stop. Jobs are held weakly (a lease nobody refers to any more stops being renewed and
+lapses), except those scheduled with ``hold=True``: a watch, a kept election or group
+membership runs until it is stopped, as a thread would, whether or not its handle is kept
+(``held()`` lists them: a watch leaked by a long-running process shows there, and its start
+is logged). A step that takes
 long holds up every other job, so the keeper says so loudly: a step that took longer than
 the interval it asked for, or longer than ``OVERRUN`` seconds, is logged as a warning
 naming the job and how long it took (as tooz's Heart does when a beat overruns). A step
@@ -84,15 +88,20 @@ class Keeper:
         # collected) are dropped when they come up.
         self._jobs: weakref.WeakKeyDictionary[Any, tuple[str, int]] = weakref.WeakKeyDictionary()
         self._woken: weakref.WeakSet[Any] = weakref.WeakSet()  # woken while its step ran
+        # The jobs that run until they are cancelled or stop, referred to or not (``hold``).
+        self._held: dict[int, Any] = {}
         self._thread: threading.Thread | None = None
         self.callbacks = Callbacks()
 
     # -- jobs ---------------------------------------------------------------------------
 
-    def schedule(self, job: Any, delay: float, *, step: str = "keep") -> None:
+    def schedule(self, job: Any, delay: float, *, step: str = "keep", hold: bool = False) -> None:
         """Run ``job.<step>()`` in ``delay`` seconds, then as often as it asks (until it
-        returns None, ``cancel(job)``, or the job is garbage-collected)."""
+        returns None, ``cancel(job)``, or the job is garbage-collected). ``hold``: the keeper
+        keeps the job alive itself until then, whoever else refers to it."""
         with self._cond:
+            if hold:
+                self._held[id(job)] = job
             current = self._jobs.get(job)
             if current is not None and current[1] == _RUNNING:
                 self._jobs[job] = (step, _RUNNING)  # rescheduled when its step returns
@@ -102,6 +111,7 @@ class Keeper:
     def cancel(self, job: Any) -> None:
         """Stop running ``job`` (no-op if it is not scheduled); a step running now finishes."""
         with self._cond:
+            self._held.pop(id(job), None)
             if self._jobs.pop(job, None) is not None:
                 self._cond.notify()
 
@@ -124,6 +134,12 @@ class Keeper:
                 self._woken.add(job)
             else:
                 self._push(job, current[0], time.monotonic())
+
+    def held(self) -> list[Any]:
+        """The jobs kept until they are stopped (``schedule(..., hold=True)``): the process's
+        running watches, kept elections and group memberships."""
+        with self._cond:
+            return list(self._held.values())
 
     def scheduled(self, job: Any) -> bool:
         """Whether ``job`` is kept now."""
@@ -222,6 +238,7 @@ class Keeper:
                 return  # cancelled meanwhile, or scheduled anew by schedule()
             if next_in is None:
                 del self._jobs[job]
+                self._held.pop(id(job), None)
                 return
             if job in self._woken:
                 next_in = 0.0

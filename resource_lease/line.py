@@ -501,6 +501,10 @@ class Waiting:
             if self.deadline is not None and now >= self.deadline:
                 return None
             if now >= look_at:
+                # Whether a release wakes us, asked *before* the look: a LISTEN that came into
+                # force after the look's snapshot may have missed a release the look did not
+                # see, and trusting it would sleep through that release (LINE_POLL_MAX).
+                told = pushed(self.line.alias)
                 look: Look = yield Call(self._look)
                 if not look.live:
                     if place.token:
@@ -509,7 +513,7 @@ class Waiting:
                         place.mark_lost("the place had expired when its waiter looked (paused past its ttl?)")
                     continue
                 estimate = _short_of(look)
-                look_at = now + _interval(look, pushed(self.line.alias))
+                look_at = now + _interval(look, told)
                 if look.free > look.ahead - look.filtered:
                     # A row this waiter may take is free, unless waiters ahead take it first
                     # (those with a where= of their own may not want it): try, the statement

@@ -227,7 +227,7 @@ class KeptRow:
         with self._lock:
             self._kept = True
             self._backoff = Backoff()
-        keeper().schedule(self, 0.0, step="keep_step")
+        keeper().schedule(self, 0.0, step="keep_step", hold=True)  # until stop(), kept or not
 
     def give_back(self) -> tuple[Lease | None, bool]:
         """Release the current grant (a kept row is taken again after ``pause_after_loss``):

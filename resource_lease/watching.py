@@ -76,7 +76,10 @@ class Watch:
         current.callbacks.pin(self)
         if self._wake_channel is not None:
             self._subscription = hub().subscribe(self.using, self._wake_channel, lambda: keeper().wake(self))
-        current.schedule(self, 0.0)
+        # Held by the keeper until stop(), as a thread runs until it ends: a watch whose handle
+        # is dropped goes on (``keeper().held()`` lists the running ones).
+        current.schedule(self, 0.0, hold=True)
+        logger.info("watch %r started (poll %gs); it runs until stop()", self.name, self.poll)
         return self
 
     def is_alive(self) -> bool:

@@ -130,7 +130,9 @@ def sync_rows(prefix: str, index: int, timeout: float) -> dict[str, Callable[[],
     }
 
 
-def async_rows(prefix: str, index: int, timeout: float) -> dict[str, Callable[[], Awaitable[Callable[[], Awaitable[Any]]]]]:
+def async_rows(
+    prefix: str, index: int, timeout: float
+) -> dict[str, Callable[[], Awaitable[Callable[[], Awaitable[Any]]]]]:
     """Each asyncio row: a coroutine function that takes the primitive and returns its release."""
     from resource_lease import Election, aacquire, alock, arwlock, asemaphore, synchronized
 
@@ -180,9 +182,9 @@ def async_rows(prefix: str, index: int, timeout: float) -> dict[str, Callable[[]
         "asemaphore": lease_of(lambda: asemaphore(f"{prefix}asemaphore", 2, ttl=TTL, timeout=timeout)),
         "arwlock-write": lease_of(lambda: arwlock(f"{prefix}arwlock-write").write(ttl=TTL, timeout=timeout)),
         "arwlock-mixed": lease_of(
-            lambda: (
-                arwlock(f"{prefix}arwlock-mixed").read if reader else arwlock(f"{prefix}arwlock-mixed").write
-            )(ttl=TTL, timeout=timeout)
+            lambda: (arwlock(f"{prefix}arwlock-mixed").read if reader else arwlock(f"{prefix}arwlock-mixed").write)(
+                ttl=TTL, timeout=timeout
+            )
         ),
         "aelection": election_cycle,
         "asynchronized": synchronized_cycle,
@@ -220,7 +222,9 @@ def run_sync(row: str, cycle: Callable[[], Callable[[], None]], args: argparse.N
         connections.close_all()
 
 
-async def run_async(row: str, cycle: Callable[[], Awaitable[Callable[[], Awaitable[Any]]]], args: argparse.Namespace, log: Log) -> None:
+async def run_async(
+    row: str, cycle: Callable[[], Awaitable[Callable[[], Awaitable[Any]]]], args: argparse.Namespace, log: Log
+) -> None:
     for _ in range(args.cycles):
         asked = time.monotonic_ns()
         try:
