@@ -1,6 +1,6 @@
 """The liveness matrix: every primitive that waits, on every backend, is woken at release.
 
-Three processes contend for each row's primitive (tests/procs/liveness.py: one thread, or one
+Three processes contend for each row's primitive (project/bench/liveness_contender.py: one thread, or one
 asyncio task, per row in each process), each taking it CYCLES times and holding it a moment:
 at any time one holds it and the others wait in its line, in other processes. The fallback
 that would hide a missed wake-up is raised far above the test's deadline (``LINE_POLL_MAX``
@@ -22,6 +22,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -38,7 +39,7 @@ ASYNC_ROWS = ["aacquire", "alock", "asemaphore", "arwlock-write", "arwlock-mixed
 ROWS = [r for r in SYNC_ROWS + ASYNC_ROWS if r in os.environ.get("LIVENESS_ROWS", r).split(",")]
 CONTENDERS = 3
 CYCLES = int(os.environ.get("LIVENESS_CYCLES", "4"))
-HOLD = 0.02
+HOLD = 0.1  # longer than the contenders' start apart: three want two slots at once
 #: Seconds without a grant in a row that has cycles left: a stall. A hand-off takes
 #: milliseconds; this leaves room for a loaded machine, and is far below LINE_POLL_MAX.
 STALL = 12.0
@@ -100,7 +101,7 @@ def run_matrix(tmp_path: Path, *, no_wakeups: bool) -> dict[str, Any]:
     for index in range(CONTENDERS):
         argv = [
             "-m",
-            "tests.procs.liveness",
+            "project.bench.liveness_contender",
             "--index",
             str(index),
             "--rows",
@@ -120,7 +121,7 @@ def run_matrix(tmp_path: Path, *, no_wakeups: bool) -> dict[str, Any]:
             argv.append("--no-wakeups")
         procs.append(
             subprocess.Popen(
-                [__import__("sys").executable, *argv],
+                [sys.executable, *argv],
                 env=env,
                 cwd=Path(__file__).resolve().parent.parent,
                 stdout=subprocess.PIPE,
@@ -130,7 +131,7 @@ def run_matrix(tmp_path: Path, *, no_wakeups: bool) -> dict[str, Any]:
         )
     try:
         for proc in procs:
-            assert proc.stdout is not None
+            assert proc.stdout is not None and proc.stderr is not None
             line = proc.stdout.readline()
             assert line.strip() == "READY", (line, proc.stderr.read() if proc.poll() is not None else "")
         go.touch()

@@ -170,6 +170,10 @@ def summary_lines(doc: Doc) -> list[str]:
         from project.bench import waiting_report
 
         lines += waiting_report.summary(doc)
+    elif scenario == "liveness":
+        from project.bench import liveness
+
+        lines += liveness.summary(doc)
     elif scenario == "crash":
         header = [
             "database",
@@ -438,4 +442,8 @@ def plot(doc: Doc, out: Path) -> Path:
         from project.bench import waiting_report
 
         return waiting_report.plot(doc, out / "waiting.png")
+    if doc["scenario"] == "liveness":
+        from project.bench import liveness
+
+        return liveness.plot(doc, out / "liveness.png")
     return PLOTS[doc["scenario"]](doc, out / f"{doc['scenario']}.png")

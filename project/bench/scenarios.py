@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from project.bench import vendor
+from project.bench.liveness import liveness
 from project.bench.stats import cdf_sample, jain, latency_summary, percentile
 from project.bench.targets import KIND_PREFIX, Target, kind_for, seed
 from project.bench.waiting import waiting
@@ -62,6 +63,12 @@ class Plan:
     waiting_cases: tuple[str, ...] | None = None
     before: str | None = None
     peers: bool = True
+    #: The liveness scenario: process counts, grants per row and point (split between the
+    #: processes), the hold, and only these rows (None: ``liveness.ROWS``).
+    liveness_processes: tuple[int, ...] = (2, 8, 32)
+    liveness_grants: int = 64
+    liveness_hold: float = 0.005
+    liveness_rows: tuple[str, ...] | None = None
 
     def adjusted(self, **changes: Any) -> Plan:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
@@ -89,6 +96,9 @@ SMOKE = Plan(
     renew_duration=0.8,
     waiting_duration=0.5,
     waiting_rounds=1,
+    liveness_processes=(2,),
+    liveness_grants=6,
+    liveness_rows=("lock", "rwlock-write", "alock"),
 )
 
 
@@ -435,4 +445,5 @@ SCENARIOS: dict[str, tuple[Callable[[Context], dict[str, Any]], str]] = {
     "crash": (crash_recovery, "Crash recovery: holders killed with SIGKILL"),
     "renewal": (renewal_load, "Renewal load: held leases renewed every ttl/3"),
     "waiting": (waiting, "Waiting: served in line, against ZooKeeper and Redis locks"),
+    "liveness": (liveness, "Liveness: every primitive that waits, woken at release (grants/s, release-to-grant gap)"),
 }

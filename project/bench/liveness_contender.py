@@ -1,7 +1,8 @@
-"""One contender of every row of the liveness matrix (tests/test_liveness.py), in one process.
+"""One contender of each row of the liveness matrix, in one process: the program behind
+tests/test_liveness.py and ``lease_bench --scenario liveness`` (project/bench/liveness.py).
 
-    python -m tests.procs.liveness --index I --rows R1,R2,... --cycles K --hold H --out FILE --go PATH
-        [--prefix P] [--timeout T] [--no-wakeups]
+    python -m project.bench.liveness_contender --index I --rows R1,R2,... --cycles K --hold H
+        --out FILE --go PATH [--prefix P] [--timeout T] [--one-by-one] [--no-wakeups]
 
 For each row (a primitive that waits: ``lock``, ``rwlock-write``, ``arwlock-mixed``, ...) one
 thread (the asyncio rows: one task each on one event loop thread) takes that primitive K
@@ -14,7 +15,9 @@ Each grant is appended to FILE as one line ``row index asked granted released`` 
 system-wide CLOCK_MONOTONIC, in nanoseconds, comparable between the processes); a call that
 failed writes ``row index error <exception>``. ``READY`` is printed once Django is set up and
 the connections are open; the cycles start when the file ``--go`` exists, so that the
-processes' start-up is no part of what the test measures.
+processes' start-up is no part of what the test measures. ``--one-by-one`` (the benchmark):
+the rows run one after the other instead, each when the file ``PATH.<row>`` exists, so that
+each is measured alone; ``ROW-DONE <row>`` is printed after each.
 
 ``--no-wakeups``: the negative control. The wake-up path of every primitive is cut in this
 process: no waiter is woken by anything (``Waker.wake`` does nothing: neither a release in
@@ -38,9 +41,20 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from tests.procs import setup
-
 TTL = 60.0  # far above the test's deadline: no lease or place runs out during a run
+
+
+def tell(line: str) -> None:
+    """A line of the protocol with the test or the benchmark, on standard output."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def setup() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+    import django
+
+    django.setup()
 
 
 def cut_wakeups() -> None:
@@ -249,6 +263,7 @@ def main() -> int:
     parser.add_argument("--prefix", default="live-")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--go", type=Path, required=True)
+    parser.add_argument("--one-by-one", action="store_true")
     parser.add_argument("--no-wakeups", action="store_true")
     args = parser.parse_args()
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's view of a stall
@@ -263,10 +278,21 @@ def main() -> int:
     asynchronous = async_rows(args.prefix, args.index, args.timeout)
     unknown = [row for row in wanted if row not in sync and row not in asynchronous]
     if unknown:
-        print(f"unknown rows: {unknown}", file=sys.stderr)
+        sys.stderr.write(f"unknown rows: {unknown}\n")
         return 2
     log = Log(args.out)
-    print("READY", flush=True)
+    tell("READY")
+    if args.one_by_one:
+        for row in wanted:
+            go = args.go.with_name(f"{args.go.name}.{row}")
+            while not go.exists():
+                time.sleep(0.005)
+            if row in sync:
+                run_sync(row, sync[row], args, log)
+            else:
+                asyncio.run(run_async(row, asynchronous[row], args, log))
+            tell(f"ROW-DONE {row}")
+        os._exit(0)
     while not args.go.exists():
         time.sleep(0.01)
     threads = [
@@ -285,7 +311,7 @@ def main() -> int:
         asyncio.run(all_async())
     for thread in threads:
         thread.join()
-    print("DONE", flush=True)
+    tell("DONE")
     sys.stdout.flush()
     os._exit(0)  # the test kills what stalls; a finished contender needs no orderly exit
 
