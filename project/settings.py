@@ -86,9 +86,10 @@ RESOURCE_LEASE = {
     # PostgreSQL: the engine's connections prepare their statements (0: off, to compare).
     "PREPARED_STATEMENTS": os.environ.get("RESOURCE_LEASE_PREPARED_STATEMENTS", "1") == "1",
 }
-# The line of waiters' pacing (docs/waiting.md#settings), for benchmarks that try others:
+# The line of waiters' pacing (docs/waiting.md#settings) and the fallback of other waits, for
+# benchmarks that try others and the liveness matrix (tests/test_liveness.py):
 # RESOURCE_LEASE_LINE_POLL=0.02 lease_bench --scenario waiting ...
-for _key in ("LINE_POLL", "LINE_POLL_MAX"):
+for _key in ("LINE_POLL", "LINE_POLL_MAX", "BACKOFF_BASE", "BACKOFF_MAX"):
     if os.environ.get(f"RESOURCE_LEASE_{_key}"):
         RESOURCE_LEASE[_key] = float(os.environ[f"RESOURCE_LEASE_{_key}"])
 

@@ -34,7 +34,17 @@ from tests.conftest import worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-SYNC_ROWS = ["acquire", "lock", "semaphore", "rwlock-write", "rwlock-mixed", "holder", "election", "synchronized"]
+SYNC_ROWS = [
+    "acquire",
+    "lock",
+    "semaphore",
+    "rwlock-write",
+    "rwlock-mixed",
+    "holder",
+    "election",
+    "synchronized",
+    "barrier",
+]
 ASYNC_ROWS = ["aacquire", "alock", "asemaphore", "arwlock-write", "arwlock-mixed", "aelection", "asynchronized"]
 ROWS = [r for r in SYNC_ROWS + ASYNC_ROWS if r in os.environ.get("LIVENESS_ROWS", r).split(",")]
 CONTENDERS = 3
@@ -45,7 +55,8 @@ HOLD = 0.1  # longer than the contenders' start apart: three want two slots at o
 STALL = 12.0
 #: Seconds for the whole matrix to finish (the engine) once the contenders have started.
 DEADLINE = 120.0
-#: The fallback look of every waiter, far above DEADLINE.
+#: The fallback look of every waiter (``LINE_POLL_MAX``; ``BACKOFF_BASE`` and ``BACKOFF_MAX``,
+#: the pace of a barrier member's attempts), far above DEADLINE.
 POLL_MAX = 600.0
 PREFIX = "live-"
 
@@ -96,7 +107,11 @@ def run_matrix(tmp_path: Path, *, no_wakeups: bool) -> dict[str, Any]:
     release-to-grant gaps (seconds)."""
     _seed()
     out, go = tmp_path / "grants.log", tmp_path / "go"
-    env = worker_env(RESOURCE_LEASE_LINE_POLL_MAX=str(POLL_MAX))
+    env = worker_env(
+        RESOURCE_LEASE_LINE_POLL_MAX=str(POLL_MAX),
+        RESOURCE_LEASE_BACKOFF_BASE=str(POLL_MAX),
+        RESOURCE_LEASE_BACKOFF_MAX=str(POLL_MAX),
+    )
     procs = []
     for index in range(CONTENDERS):
         argv = [

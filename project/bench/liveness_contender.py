@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import faulthandler
 import os
 import signal
@@ -59,16 +60,27 @@ def setup() -> None:
 
 def cut_wakeups() -> None:
     """The negative control (see the module's docstring)."""
-    from resource_lease import line, wakeups
+    from resource_lease import doorbell, line, wakeups
     from resource_lease.conf import lease_settings
 
     wakeups.Waker.wake = lambda self, *, turn=False, handed=None: None  # type: ignore[method-assign]
+    # A barrier's members: no ring reaches them, they only look at their backoff's pace.
+    doorbell.Doorbell.listening = lambda self: contextlib.nullcontext(time.sleep)  # type: ignore[method-assign]
     line._interval = lambda look, pushed: float(lease_settings.LINE_POLL_MAX)  # type: ignore[assignment]
 
 
 def sync_rows(prefix: str, index: int, timeout: float) -> dict[str, Callable[[], Callable[[], None]]]:
     """Each sync row: a function that takes the primitive and returns its release."""
-    from resource_lease import Election, ResourceHolder, acquire, lock, rwlock, semaphore, synchronized
+    from resource_lease import (
+        DoubleBarrier,
+        Election,
+        ResourceHolder,
+        acquire,
+        lock,
+        rwlock,
+        semaphore,
+        synchronized,
+    )
 
     def lease_of(take: Callable[[], Any]) -> Callable[[], Callable[[], None]]:
         def cycle() -> Callable[[], None]:
@@ -128,6 +140,12 @@ def sync_rows(prefix: str, index: int, timeout: float) -> dict[str, Callable[[],
 
         return release
 
+    barrier = DoubleBarrier(f"{prefix}barrier", 3, ttl=TTL, member=f"member-{index}")
+
+    def barrier_cycle() -> Callable[[], None]:
+        barrier.enter(timeout=timeout)
+        return lambda: barrier.leave(timeout=timeout)
+
     reader = index % 2 == 0  # the mixed rows: even contenders read, odd ones write
     rw = rwlock(f"{prefix}rwlock-mixed")
     return {
@@ -141,6 +159,7 @@ def sync_rows(prefix: str, index: int, timeout: float) -> dict[str, Callable[[],
         "holder": holder_cycle,
         "election": election_cycle,
         "synchronized": synchronized_cycle,
+        "barrier": barrier_cycle,
     }
 
 

@@ -26,9 +26,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from resource_lease import named
+from resource_lease.doorbell import Doorbell
 from resource_lease.exceptions import BarrierTimeout, LeaseError, MemberTaken
 from resource_lease.lease import Lease
 from resource_lease.models import Resource
@@ -105,6 +107,8 @@ class DoubleBarrier:
         self._frozen: list[tuple[str, int]] = []
         self._lease: Lease | None = None
         self._lock = threading.Lock()
+        # Rung at every change a member may wait for (one inside, a cohort formed, one left).
+        self._bell = Doorbell(self.using, f"@bell:barrier:{self.name}")
 
     def __repr__(self) -> str:
         return f"<DoubleBarrier {self.name!r} member={self.member!r} round={self.round} index={self.index}>"
@@ -125,32 +129,15 @@ class DoubleBarrier:
                 raise LeaseError(f"{self!r} is already inside (or waiting): leave() first")
             self._lease = _PENDING
         try:
-            started = time.monotonic()
-            lease = wait_for(self._take, timeout=wait)
-            if lease is None:
-                row = named.read(self.using, self.kind, [self.member]).live(self.member)
-                raise MemberTaken(
-                    f"member {self.member!r} of barrier {self.name!r} is held by another live process"
-                    f" ({row.holder if row else '?'})",
-                    member=self.member,
-                    holder=row.holder if row else "",
-                )
-            self._lease = lease
-            left = None if wait is None else max(0.0, wait - (time.monotonic() - started))
-            found = wait_for(self._attempt, timeout=left)
-            if found is None:
-                found = self._withdraw()
-                if found is None:
-                    raise BarrierTimeout(
-                        f"barrier {self.name!r}: {self.requested_size} members were not inside at once within"
-                        f" {wait:g}s; {self.member!r} withdrew"
-                    )
+            with self._bell.listening() as sleep:
+                found = self._enter(wait, sleep)
         except BaseException:
             # Nothing left behind: a row taken before the failure is given back.
             taken, self._lease = self._lease, None
             if taken is not None and taken is not _PENDING:
                 try:
                     self._row.give_back()
+                    self._bell.ring()
                 except LeaseError:
                     logger.exception("barrier %r: giving back %r failed; it expires by itself", self.name, taken)
             raise
@@ -160,6 +147,31 @@ class DoubleBarrier:
         self.size = len(self.cohort)
         self.index = self.cohort.index(self.member)
         return list(self.cohort)
+
+    def _enter(self, wait: float | None, sleep: Callable[[float], None]) -> tuple[int, list[tuple[str, int]]]:
+        """``enter``'s wait: our row, then the cohort (woken by the bell, ``sleep``)."""
+        started = time.monotonic()
+        lease = wait_for(self._take, timeout=wait)
+        if lease is None:
+            row = named.read(self.using, self.kind, [self.member]).live(self.member)
+            raise MemberTaken(
+                f"member {self.member!r} of barrier {self.name!r} is held by another live process"
+                f" ({row.holder if row else '?'})",
+                member=self.member,
+                holder=row.holder if row else "",
+            )
+        self._lease = lease
+        self._bell.ring()  # one more inside: a member that waits for us may form the cohort
+        left = None if wait is None else max(0.0, wait - (time.monotonic() - started))
+        found = wait_for(self._attempt, timeout=left, sleep=sleep)
+        if found is None:
+            found = self._withdraw()
+            if found is None:
+                raise BarrierTimeout(
+                    f"barrier {self.name!r}: {self.requested_size} members were not inside at once within"
+                    f" {wait:g}s; {self.member!r} withdrew"
+                )
+        return found
 
     def _take(self) -> Lease | None:
         return self._row.take()
@@ -221,9 +233,11 @@ class DoubleBarrier:
             if not named.write_data(control, new):
                 return None
             logger.info("barrier %r: round %s formed: %s", self.name, new["round"], [c[0] for c in chosen])
-            return self._ours_in(new)
+            formed = self._ours_in(new)
         finally:
             control.release()
+        self._bell.ring()  # the others of the cohort find it at once
+        return formed
 
     def _withdraw(self) -> tuple[int, list[tuple[str, int]]] | None:
         """After a timeout: give our row back under the control lease, so no cohort can be
@@ -247,6 +261,7 @@ class DoubleBarrier:
         finally:
             if control is not None:
                 control.release()
+            self._bell.ring()
 
     # -- leave -----------------------------------------------------------------------
 
@@ -259,7 +274,6 @@ class DoubleBarrier:
             if lease is None or lease is _PENDING:
                 raise LeaseError(f"{self!r} is not inside: enter() first")
             self._lease = None
-        self._row.give_back()
         frozen, round_ = self._frozen, self.round
 
         def all_left() -> bool | None:
@@ -268,7 +282,10 @@ class DoubleBarrier:
                 return True  # the next round formed: ours was done
             return True if not inside(frozen, named.read(self.using, self.kind)) else None
 
-        done = wait_for(all_left, timeout=wait)
+        with self._bell.listening() as sleep:
+            self._row.give_back()
+            self._bell.ring()  # one less inside: the last to leave lets the others go
+            done = wait_for(all_left, timeout=wait, sleep=sleep)
         self.index = -1
         if done is None:
             still = inside(frozen, named.read(self.using, self.kind))
