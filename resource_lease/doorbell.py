@@ -79,6 +79,11 @@ class Doorbell:
         ops(self.using).notify(self.topic, "null", self.channel)
         _local().wake((self.using, self.topic))
 
+    def wake_here(self) -> None:
+        """Wake this process's sleepers on the bell, without a ring (one of them must look
+        at something else: a worker asked to stop)."""
+        _local().wake((self.using, self.topic))
+
     def _version(self) -> int:
         row = ops(self.using).read_topic(self.topic)
         return 0 if row is None else row[0]

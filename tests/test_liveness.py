@@ -44,6 +44,7 @@ SYNC_ROWS = [
     "election",
     "synchronized",
     "barrier",
+    "worker",
 ]
 ASYNC_ROWS = ["aacquire", "alock", "asemaphore", "arwlock-write", "arwlock-mixed", "aelection", "asynchronized"]
 ROWS = [r for r in SYNC_ROWS + ASYNC_ROWS if r in os.environ.get("LIVENESS_ROWS", r).split(",")]
@@ -131,6 +132,8 @@ def run_matrix(tmp_path: Path, *, no_wakeups: bool) -> dict[str, Any]:
             str(out),
             "--go",
             str(go),
+            "--worker-poll",
+            str(POLL_MAX),
         ]
         if no_wakeups:
             argv.append("--no-wakeups")

@@ -64,6 +64,7 @@ def cut_wakeups() -> None:
     from resource_lease.conf import lease_settings
 
     wakeups.Waker.wake = lambda self, *, turn=False, handed=None: None  # type: ignore[method-assign]
+
     # A barrier's members: no ring reaches them, they only look at their backoff's pace.
     @contextlib.contextmanager
     def deaf(self: doorbell.Doorbell) -> Iterator[Callable[[float], None]]:
@@ -73,12 +74,16 @@ def cut_wakeups() -> None:
     line._interval = lambda look, pushed: float(lease_settings.LINE_POLL_MAX)  # type: ignore[assignment]
 
 
-def sync_rows(prefix: str, index: int, timeout: float) -> dict[str, Callable[[], Callable[[], None]]]:
+def sync_rows(
+    prefix: str, index: int, timeout: float, worker_poll: float
+) -> dict[str, Callable[[], Callable[[], None]]]:
     """Each sync row: a function that takes the primitive and returns its release."""
     from resource_lease import (
+        Dispenser,
         DoubleBarrier,
         Election,
         ResourceHolder,
+        Worker,
         acquire,
         lock,
         rwlock,
@@ -150,6 +155,29 @@ def sync_rows(prefix: str, index: int, timeout: float) -> dict[str, Callable[[],
         barrier.enter(timeout=timeout)
         return lambda: barrier.leave(timeout=timeout)
 
+    class LiveWorker(Worker):
+        dispenser = f"{prefix}dispenser"
+        batch = 1
+
+        def do_work(self, key: str, payload: Any) -> bool:
+            return True
+
+    # Each contender's worker takes only the items the previous contender puts: each item
+    # crosses processes. Its fallback look is ``--worker-poll`` (the test raises it).
+    worker = LiveWorker(name=f"worker-{index}", pattern=f"w{index}-.*", ttl=TTL, poll=worker_poll)
+    queue = Dispenser(f"{prefix}dispenser", ttl=TTL)
+    put_count = [0]
+
+    def worker_cycle() -> Callable[[], None]:
+        if not put_count[0]:
+            threading.Thread(target=worker.run, name="live-worker", daemon=True).start()
+        put_count[0] += 1
+        key = f"w{(index + 1) % 3}-{index}-{put_count[0]}"
+        queue.put([key])
+        while not queue.finished([key]):  # the test's look, not the worker's
+            time.sleep(0.01)
+        return lambda: None
+
     reader = index % 2 == 0  # the mixed rows: even contenders read, odd ones write
     rw = rwlock(f"{prefix}rwlock-mixed")
     return {
@@ -164,6 +192,7 @@ def sync_rows(prefix: str, index: int, timeout: float) -> dict[str, Callable[[],
         "election": election_cycle,
         "synchronized": synchronized_cycle,
         "barrier": barrier_cycle,
+        "worker": worker_cycle,
     }
 
 
@@ -286,6 +315,7 @@ def main() -> int:
     parser.add_argument("--prefix", default="live-")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--go", type=Path, required=True)
+    parser.add_argument("--worker-poll", type=float, default=1.0)
     parser.add_argument("--one-by-one", action="store_true")
     parser.add_argument("--no-wakeups", action="store_true")
     args = parser.parse_args()
@@ -297,7 +327,7 @@ def main() -> int:
 
     connection.ensure_connection()
     wanted = args.rows.split(",")
-    sync = sync_rows(args.prefix, args.index, args.timeout)
+    sync = sync_rows(args.prefix, args.index, args.timeout, args.worker_poll)
     asynchronous = async_rows(args.prefix, args.index, args.timeout)
     unknown = [row for row in wanted if row not in sync and row not in asynchronous]
     if unknown:

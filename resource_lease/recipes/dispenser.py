@@ -19,6 +19,7 @@ from resource_lease.conf import lease_settings
 from resource_lease.db import DbNow
 from resource_lease.db.connections import database_errors
 from resource_lease.db.operations import ops
+from resource_lease.doorbell import Doorbell
 from resource_lease.models import DispenserItem
 from resource_lease.validation import check_json, check_name, check_text, resolve_ttl, resolve_using
 
@@ -135,6 +136,9 @@ class Dispenser:
         self.ttl = resolve_ttl(ttl, lease_settings.DISPENSER_TTL)
         self.max_attempts = check_count(max_attempts, "max_attempts")
         self.using = resolve_using(using)
+        #: Rung when items come to the pool (put, recreate, released, failed back, retried):
+        #: an idle ``Worker`` sleeps on it (``resource_lease.doorbell``).
+        self.bell = Doorbell(self.using, f"@bell:dispenser:{self.name}")
 
     def __repr__(self) -> str:
         return f"<Dispenser {self.name!r} ttl={self.ttl:g} max_attempts={self.max_attempts}>"
@@ -149,7 +153,10 @@ class Dispenser:
         pairs = check_items(items, "items")
         # Idempotent (INSERT ... ignoring duplicates): repeated after a lost connection, a
         # repeat counts as new only what the first run had not added.
-        return sum(ops(self.using).put_items(self.name, chunk) for chunk in _chunks(pairs))
+        added = sum(ops(self.using).put_items(self.name, chunk) for chunk in _chunks(pairs))
+        if added:
+            self.bell.ring()
+        return added
 
     def recreate(self, mapping: Mapping[str, Any] | Iterable[str]) -> dict[str, int]:
         """Make the pending pool exactly ``mapping`` (the Redis TaskDispenser's ``recreate_task_pool``).
@@ -169,7 +176,9 @@ class Dispenser:
                 if live or (state == DispenserItem.PENDING and payload == wanted[key]):
                     continue
                 requeued += engine.requeue_item(self.name, key, wanted[key])
-        added = self.put(wanted)
+        added = self.put(wanted)  # rings if it added any
+        if requeued and not added:
+            self.bell.ring()
         return {"added": added, "requeued": requeued, "removed": removed}
 
     # -- claims ------------------------------------------------------------------------------
@@ -207,6 +216,8 @@ class Dispenser:
         for i, chunk in enumerate(list(_chunks(keys)) or [[]]):
             fchunk = None if fences is None else fences[i * CHUNK : (i + 1) * CHUNK]
             total += engine.finish_items(outcome, self.name, worker, chunk, fchunk, what=what, **values)
+        if total and outcome != "done":
+            self.bell.ring()  # items back in the pool (a failure before max_attempts, a release)
         return total
 
     def done(self, worker: str, keys: Iterable[str | WorkItem], result: Any = None) -> int:
@@ -250,7 +261,10 @@ class Dispenser:
         if keys is not None and not key_list:
             return 0
         engine = ops(self.using)
-        return sum(engine.retry_failed(self.name, chunk) for chunk in (list(_chunks(key_list)) or [[]]))
+        queued = sum(engine.retry_failed(self.name, chunk) for chunk in (list(_chunks(key_list)) or [[]]))
+        if queued:
+            self.bell.ring()
+        return queued
 
     def renew(self, worker: str, keys: Iterable[str | WorkItem] | None = None) -> int:
         """Extend the worker's live claims (all, or these) by ``ttl`` from now; how many."""

@@ -111,6 +111,7 @@ class Worker:
     def stop(self) -> None:
         """Ask ``run()`` to stop: the current item finishes, the rest of the batch is released."""
         self._stop.set()
+        self.queue.bell.wake_here()  # an idle run() sleeping on the bell looks at _stop now
 
     @property
     def stopping(self) -> bool:
@@ -128,7 +129,9 @@ class Worker:
         claims = BatchClaims(self)
         renewer().add(claims)  # the keeper renews the current batch's claims
         try:
-            with self._sigterm():
+            # Idle, it sleeps on the dispenser's bell: woken when items come to the pool, and
+            # looking anyway every ``poll`` seconds (claims that expired come back unrung).
+            with self._sigterm(), self.queue.bell.listening() as sleep:
                 while not self._stop.is_set():
                     if max_batches is not None and self.stats.batches >= max_batches:
                         break
@@ -144,7 +147,7 @@ class Worker:
                     if not items:
                         if self._idle(until_empty):
                             break
-                        self._stop.wait(self.poll)
+                        sleep(self.poll)
                         continue
                     self._idle_report = None
                     self.stats.batches += 1
