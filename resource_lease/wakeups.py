@@ -131,14 +131,23 @@ class Board:
                     del self._wakers[key]
 
     def wake_row(self, alias: str, kind: str, name: str) -> None:
-        """A row (kind, name) may have come free: wake the waiters of its lines (any row of
-        the kind, and that row by name)."""
+        """A row (kind, name) may have come free: wake the waiters of its lines. A waiter of
+        the kind's line (any row of it) counts the wake-up as one row freed, and tries once
+        enough have come for its place; a waiter of the row's own line (a lock, an rwlock, an
+        election) is told its turn, and tries: the line woken on ``LINE_CHANNEL`` is the
+        row's whole line (readers of an rwlock behind the first, or a place the release did
+        not see), and a count would undercount the releases whose turns were told to one
+        waiter alone (a reader behind two writers, woken once, slept until its
+        ``LINE_POLL_MAX`` look: lease_bench's liveness scenario, rwlock-mixed at 8 processes)."""
         if not self._wakers:
             return
         with self._lock:
-            wakers = [*self._wakers.get((alias, kind, ""), ()), *self._wakers.get((alias, kind, name), ())]
-        for waker in wakers:
+            pool = list(self._wakers.get((alias, kind, ""), ()))
+            own = list(self._wakers.get((alias, kind, name), ())) if name else []
+        for waker in pool:
             waker.wake()
+        for waker in own:
+            waker.wake(turn=True)
 
     def wake_alias(self, alias: str) -> None:
         """Wake-ups of ``alias`` may have been missed (the listener reconnected): everyone

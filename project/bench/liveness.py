@@ -81,6 +81,7 @@ def summarise(lines: list[str], row: str) -> dict[str, Any]:
     """Grants per second and the release-to-grant gaps of one row's log lines."""
     grants = []
     errors = 0
+    messages: list[str] = []
     for line in lines:
         name, _, rest = line.partition(" ")
         if name != row:
@@ -88,6 +89,7 @@ def summarise(lines: list[str], row: str) -> dict[str, Any]:
         fields = rest.split()
         if fields[1] == "error":
             errors += 1
+            messages.append(rest[:300])
             continue
         grants.append(tuple(int(f) for f in fields[1:4]))
     grants.sort(key=lambda g: g[1])
@@ -96,6 +98,7 @@ def summarise(lines: list[str], row: str) -> dict[str, Any]:
     return {
         "grants": len(grants),
         "errors": errors,
+        "error_messages": messages[:3],
         "grants_per_s": round(len(grants) / span, 1) if span > 0 else 0.0,
         "gap_p50_ms": _round(percentile(gaps, 50)),
         "gap_p99_ms": _round(percentile(gaps, 99)),

@@ -128,8 +128,10 @@ class RwLock:
         lease_class = ReadLease if shared else Lease
 
         def attempt(turn: Turn = NEWCOMER) -> Lease | None:
-            statement = grant(kind, name, holder=call.holder, ttl=call.ttl, turn=turn.with_delay(call.lock_delay))
-            named.ensure(call.using, kind, [name])
+            turn = turn.with_delay(call.lock_delay)
+            statement = grant(kind, name, holder=call.holder, ttl=call.ttl, turn=turn)
+            if not turn.claim:
+                named.ensure(call.using, kind, [name])
             lease = attempt_grant(
                 kind,
                 ttl=call.ttl,
@@ -137,8 +139,11 @@ class RwLock:
                 alias=call.using,
                 on_lost=call.on_lost,
                 statement=statement,
+                turn=turn,
                 lease_class=lease_class,
             )
+            if turn.claim:
+                return lease  # a write grant a release handed to our place, or none
             if lease is None and name not in named.read(call.using, kind, [name]).rows:
                 named.forget(call.using, kind, name)  # deleted by an operator: made again
             return lease
@@ -164,6 +169,10 @@ class RwLock:
             ttl=call.ttl,
             priority=call.priority,
             shared=shared,
+            # A writer's release may hand the row to a writer first in line, in its own
+            # statement (PostgreSQL's RELEASE: a write grant, readers 0, as lock()'s); a reader
+            # is woken instead and joins the read period by its own grant.
+            handoff=not shared and not call.lock_delay,
         )
 
     def _refusal(self, call: LockCall, *, shared: bool) -> LockHeld | None:
