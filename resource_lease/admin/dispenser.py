@@ -16,8 +16,8 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
-from resource_lease.admin.base import CSS, badge, plural
-from resource_lease.admin.times import SecondsAdmin, clipped, time_html
+from resource_lease.admin.base import CSS, AppAdmin, badge, plural
+from resource_lease.admin.times import clipped, time_html
 from resource_lease.db import DbNow
 from resource_lease.display import database_time, format_duration
 from resource_lease.models import DispenserItem
@@ -47,11 +47,12 @@ class ItemStateFilter(admin.SimpleListFilter):
 
 
 @admin.register(DispenserItem)
-class DispenserItemAdmin(SecondsAdmin, admin.ModelAdmin):
+class DispenserItemAdmin(AppAdmin):
     # Under the state: the attempt, and the claim's time left or when it finished (the fence is
     # on the item's page). Five columns fit 1400 px, and the error gets the room.
     list_display = ("key", "dispenser", "state_badge", "worker", "error_display")
     list_filter = ("dispenser", ItemStateFilter, "worker")
+    extra_lookups = ("dispenser__exact",)  # the counts table's links
     search_fields = ("key",)
     list_per_page = 100
     # Counting a million items on every page is slow; the counts table above says how many.

@@ -25,8 +25,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.text import capfirst
 
 from resource_lease import pool
-from resource_lease.admin.base import CSS, StateFilter, actor, badge, breakable, plural
-from resource_lease.admin.times import SecondsAdmin, at_second, lock_delay_html, time_html
+from resource_lease.admin.base import CSS, AppAdmin, StateFilter, actor, badge, breakable, plural
+from resource_lease.admin.times import at_second, lock_delay_html, time_html
 from resource_lease.audit import acting_as
 from resource_lease.conf import lease_settings
 from resource_lease.display import (
@@ -123,10 +123,11 @@ class ResourceForm(forms.ModelForm):
 
 
 @admin.register(Resource)
-class ResourceAdmin(SecondsAdmin, admin.ModelAdmin):
+class ResourceAdmin(AppAdmin):
     # The time left sits under the state: seven columns do not fit 1400 px with the sidebars.
     list_display = ("name", "kind", "state_badge", "holder_display", "fence", "url_display")
     list_filter = ("kind", StateFilter, "enabled")
+    extra_lookups = ("kind__exact",)  # the pool overview's links
     search_fields = ("name", "holder")
     ordering = ("kind", "name")
     list_per_page = 100
