@@ -42,6 +42,8 @@ from resource_lease.display import (
 )
 from resource_lease.models import LeaseEvent, Resource, ResourceQuerySet
 from resource_lease.proxy_urls import MASK
+from resource_lease.seeding import data_problem, name_problem
+from resource_lease.validation import check_kind
 
 #: Fields the lease engine (or the pool operations) write; never edited in a form.
 MACHINE_FIELDS = (
@@ -87,6 +89,10 @@ class ResourceForm(forms.ModelForm):
     changed; a typed password replaces it; a payload without ``url`` drops it. The mask keeps
     the password only for the same user, host and port: carried to another one, the form is
     refused with an error on ``data``. The add form takes the URL as typed.
+
+    The kind, name and payload are checked as the API and the seeding commands check them
+    (``validation.check_kind``, ``seeding.name_problem``, ``seeding.data_problem``): a kind
+    ``acquire()`` would refuse cannot be saved here.
     """
 
     class Meta:
@@ -110,16 +116,34 @@ class ResourceForm(forms.ModelForm):
                 " one, or type the new one."
             )
 
+    def clean_kind(self) -> str:
+        # The API's own check (resource_lease.validation.check_kind): a kind acquire() refuses
+        # (a coordination kind "@...", over 100 characters) is refused here too.
+        try:
+            return check_kind(self.cleaned_data.get("kind"))
+        except ValueError as exc:
+            raise forms.ValidationError("%(problem)s", code="kind", params={"problem": str(exc)}) from None
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data.get("name")
+        problem = name_problem(name)  # what seed_resources and seed_proxies check
+        if problem is not None:
+            raise forms.ValidationError("%(problem)s", code="name", params={"problem": problem})
+        return str(name)
+
     def clean_data(self) -> Any:
         data = self.cleaned_data.get("data")
-        if not self.masks_data:
-            return data
-        try:
-            return unmask_payload(data, self.stored_data)
-        except ValueError as exc:
-            raise forms.ValidationError(
-                'data["url"]: %(problem)s', code="masked_password", params={"problem": str(exc)}
-            ) from None
+        if self.masks_data:
+            try:
+                data = unmask_payload(data, self.stored_data)
+            except ValueError as exc:
+                raise forms.ValidationError(
+                    'data["url"]: %(problem)s', code="masked_password", params={"problem": str(exc)}
+                ) from None
+        problem = data_problem(data)  # JSON every database stores alike (encode_json)
+        if problem is not None:
+            raise forms.ValidationError("%(problem)s", code="data", params={"problem": problem})
+        return data
 
 
 @admin.register(Resource)
