@@ -33,7 +33,7 @@ def rows(html: str) -> dict[str, str]:
     html = html.replace("<wbr>", "")
     found = {}
     for row in re.findall(r"<tr[^>]*>.*?</tr>", html, flags=re.S):
-        name = re.search(r'<th class="field-name"><a [^>]*>([^<]+)</a>', row)
+        name = re.search(r'<th class="field-name_display"><a [^>]*>([^<]+)</a>', row)
         if name:
             found[name.group(1)] = row
     return found

@@ -26,6 +26,7 @@ from django.utils.text import capfirst
 
 from resource_lease import pool
 from resource_lease.admin.base import CSS, AppAdmin, StateFilter, actor, badge, breakable, plural
+from resource_lease.admin.data_keys import data_column, data_filter, data_keys
 from resource_lease.admin.times import at_second, lock_delay_html, time_html
 from resource_lease.audit import acting_as
 from resource_lease.conf import lease_settings
@@ -149,7 +150,9 @@ class ResourceForm(forms.ModelForm):
 @admin.register(Resource)
 class ResourceAdmin(AppAdmin):
     # The time left sits under the state: seven columns do not fit 1400 px with the sidebars.
-    list_display = ("name", "kind", "state_badge", "holder_display", "fence", "url_display")
+    # Names as seed_proxies writes them (user@host:port) wrap after "@" and before ":".
+    list_display = ("name_display", "kind", "state_badge", "holder_display", "fence", "url_display")
+    list_display_links = ("name_display",)
     list_filter = ("kind", StateFilter, "enabled")
     extra_lookups = ("kind__exact",)  # the pool overview's links
     search_fields = ("name", "holder")
@@ -200,6 +203,15 @@ class ResourceAdmin(AppAdmin):
         queryset: ResourceQuerySet = super().get_queryset(request)  # type: ignore[assignment]
         return with_display_state(queryset.pools())
 
+    def get_list_filter(self, request: HttpRequest) -> Any:
+        return (*super().get_list_filter(request), *(data_filter(key) for key in data_keys()))
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        # The DATA_KEYS columns go before the URL, which is the widest.
+        columns = list(super().get_list_display(request))
+        at = columns.index("url_display") if "url_display" in columns else len(columns)
+        return [*columns[:at], *(data_column(key) for key in data_keys()), *columns[at:]]
+
     def get_fieldsets(self, request: HttpRequest, obj: Resource | None = None) -> Any:
         if obj is None:
             return ((None, {"fields": EDITABLE_FIELDS}),)
@@ -213,6 +225,10 @@ class ResourceAdmin(AppAdmin):
         ]
 
     # -- columns ------------------------------------------------------------------------
+
+    @admin.display(description="name", ordering="name")
+    def name_display(self, obj: Resource) -> str:
+        return breakable(obj.name)
 
     @admin.display(description="state", ordering="state")
     def state_badge(self, obj: Resource) -> str:
