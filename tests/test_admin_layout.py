@@ -18,11 +18,13 @@ from typing import Any
 
 import pytest
 from admin_interface.models import Theme
+from django.contrib import admin
 from django.contrib.auth.models import User
 from django.core.management import call_command
 
 from project.demo.theme import install as install_theme
 from resource_lease import Config, Dispenser, Election, Group, acquire, audit, counter, lock, rwlock, semaphore
+from resource_lease.admin import ResourceAdmin
 from resource_lease.audit import acting_as
 from resource_lease.db.operations import ops
 from resource_lease.models import Resource, Waiter
@@ -288,3 +290,18 @@ def test_the_resources_list_fits_with_proxies_named_as_seed_proxies_names_them(
     assert len(regions) == 10
     page.screenshot(path=SCREENSHOTS / "layout-resources_seeded_eu.png", full_page=True)
     assert overflow(page) == {"page": 0, "list": 0}
+
+
+def test_negative_control_unbroken_names_push_the_url_behind_a_scrollbar(
+    live_server: Any, page: Any, seeded_proxies: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The names as Django shows a plain field: no place to wrap in "crawl10@10.20.1.10:8080".
+    monkeypatch.setattr(ResourceAdmin, "name_display", admin.display(description="name", ordering="name")(str_name))
+    path = "/admin/resource_lease/resource/"
+    login(page, live_server, path)
+    page.screenshot(path=SCREENSHOTS / "layout-resources_seeded_unbroken.png", full_page=True)
+    assert overflow(page)["list"] > 0
+
+
+def str_name(self: Any, obj: Resource) -> str:
+    return obj.name
