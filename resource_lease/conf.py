@@ -85,6 +85,11 @@ class LeaseSettings:
     AUDIT_MAX_BUFFERED: int = 10_000
     #: Age (days) beyond which ``manage.py prune_lease_events`` deletes events by default.
     AUDIT_RETENTION_DAYS: float = 30.0
+    #: Keys of the resources' ``data`` that operators see and filter by (e.g. ``("region",)``):
+    #: a column and a filter by value each in the admin's Resources list, a column each in
+    #: ``inspect_pool``. Only these: the admin accepts no other lookup on ``data``, and never
+    #: one on ``url`` (its password is masked).
+    DATA_KEYS: tuple[str, ...] = ()
 
     def __getattribute__(self, name: str) -> Any:
         if not name.isupper():
@@ -183,6 +188,25 @@ def _days(value: Any) -> str | None:
     return None
 
 
+#: The most keys ``DATA_KEYS`` may name (each is a column of the Resources list).
+MAX_DATA_KEYS = 4
+
+
+def _data_keys(value: Any) -> str | None:
+    if not isinstance(value, (list, tuple)):
+        return f"must be a list or tuple of keys of the resources' data, got {value!r} ({type(value).__name__})"
+    if len(value) > MAX_DATA_KEYS:
+        return f"must name at most {MAX_DATA_KEYS} keys (a column each), got {len(value)}"
+    for key in value:
+        if not isinstance(key, str) or not key or len(key) > 100 or any(c in key for c in '"\\\x00'):
+            return f"must hold non-empty strings of at most 100 characters without '\"' or '\\\\', got {key!r}"
+        if key == "url":
+            return "must not name 'url': its password is masked, and a filter by it would tell the password"
+    if len(set(value)) != len(value):
+        return f"must not name a key twice, got {list(value)!r}"
+    return None
+
+
 #: What each key accepts; a key missing here would go unchecked (a test keeps them in step).
 RULES: dict[str, Callable[[Any], str | None]] = {
     "TTL": _seconds(),
@@ -204,6 +228,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "AUDIT_FLUSH_INTERVAL": _seconds(),
     "AUDIT_MAX_BUFFERED": _count(minimum=1),
     "AUDIT_RETENTION_DAYS": _days,
+    "DATA_KEYS": _data_keys,
 }
 
 

@@ -33,7 +33,7 @@ def rows(html: str) -> dict[str, str]:
     html = html.replace("<wbr>", "")
     found = {}
     for row in re.findall(r"<tr[^>]*>.*?</tr>", html, flags=re.S):
-        name = re.search(r'<th class="field-name"><a [^>]*>([^<]+)</a>', row)
+        name = re.search(r'<th class="field-name_display"><a [^>]*>([^<]+)</a>', row)
         if name:
             found[name.group(1)] = row
     return found
@@ -492,3 +492,53 @@ def test_change_form_says_never_leased_instead_of_the_epoch(pool: dict[str, Any]
     held = pool["lease"].resource
     page = client.get(change_url(held)).content.decode()
     assert "never leased" not in page and str(pool["lease"].expires_at.year) in page
+
+
+BAD_KINDS = ["@lock", "@semaphore:x", "@group:crawlers", "k" * 101, "   "]
+
+
+@pytest.mark.parametrize("kind", BAD_KINDS)
+def test_the_resource_form_refuses_every_kind_the_api_refuses(
+    transactional_db: None, staff: Any, make_pool: Any, kind: str
+) -> None:
+    with pytest.raises(ValueError) as refused:
+        acquire(kind, timeout=0)
+    api_says = str(refused.value) if kind.strip() else "This field is required."  # Django strips blanks first
+    client = staff(superuser=True)
+    fields = {"name": "alice@10.0.0.1:1080", "data": "{}", "enabled": "on"}
+    response = client.post(f"{LIST}add/", {"kind": kind, **fields})
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors["kind"] == [api_says]
+    [existing] = make_pool("proxy", 1)
+    response = client.post(change_url(existing), {"kind": kind, **{**fields, "name": existing.name}})
+    assert response.context["adminform"].form.errors["kind"] == [api_says]
+    assert list(Resource.objects.values_list("kind", "name")) == [("proxy", "proxy-0")], "nothing written"
+
+
+def test_negative_control_without_the_api_s_check_the_form_saves_a_lock_s_kind(
+    transactional_db: None, staff: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from resource_lease.admin.resources import ResourceForm
+
+    monkeypatch.delattr(ResourceForm, "clean_kind")
+    response = staff(superuser=True).post(f"{LIST}add/", {"kind": "@lock", "name": "x", "data": "{}", "enabled": "on"})
+    assert response.status_code == 302
+    assert Resource.objects.filter(kind="@lock", name="x").exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "problem"),
+    [
+        ("name", "n" * 256, "Ensure this value has at most 255 characters"),
+        ("data", '{"a": NaN}', "NaN"),
+        ("data", '{"a": "x\\u0000y"}', "NUL"),
+    ],
+)
+def test_the_resource_form_refuses_names_and_payloads_the_seeding_commands_refuse(
+    transactional_db: None, staff: Any, field: str, value: str, problem: str
+) -> None:
+    fields = {"kind": "proxy", "name": "alice@10.0.0.1:1080", "data": "{}", "enabled": "on", field: value}
+    response = staff(superuser=True).post(f"{LIST}add/", fields)
+    assert response.status_code == 200
+    assert problem in " ".join(response.context["adminform"].form.errors[field])
+    assert not Resource.objects.exists()

@@ -10,6 +10,7 @@ Screenshots: artifacts/screenshots/layout-*.png (looked at, and described, in is
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -17,10 +18,13 @@ from typing import Any
 
 import pytest
 from admin_interface.models import Theme
+from django.contrib import admin
 from django.contrib.auth.models import User
+from django.core.management import call_command
 
 from project.demo.theme import install as install_theme
 from resource_lease import Config, Dispenser, Election, Group, acquire, audit, counter, lock, rwlock, semaphore
+from resource_lease.admin import ResourceAdmin
 from resource_lease.audit import acting_as
 from resource_lease.db.operations import ops
 from resource_lease.models import Resource, Waiter
@@ -235,3 +239,69 @@ def let_go(kept: list[Any]) -> None:
             thing.resign()
         else:
             thing.release()
+
+
+@pytest.fixture
+def seeded_proxies(tmp_path: Any, settings: Any) -> Iterator[list[Any]]:
+    """Proxies loaded as ``seed_proxies`` loads them (named ``user@host:port``, the URL with its
+    password), each with a region (a column and a filter: ``DATA_KEYS``), some leased by
+    Celery tasks; let go after the test."""
+    settings.RESOURCE_LEASE = {**settings.RESOURCE_LEASE, "DATA_KEYS": ("region",)}
+    install_theme(Theme)
+    lines = [f"http://crawl{i}:pw-{i:04d}-long-secret@10.20.{i // 10}.{i}:8080" for i in range(10, 40)]
+    source = tmp_path / "proxies.txt"
+    source.write_text("\n".join(lines) + "\n")
+    call_command("seed_proxies", str(source), stdout=io.StringIO())
+    for i, resource in enumerate(Resource.objects.filter(kind="proxy").order_by("name")):
+        resource.data = {**resource.data, "region": ("eu", "us", "ap")[i % 3]}
+        resource.save(update_fields=["data"])
+    kept: list[Any] = [acquire("proxy", ttl=600, holder=f"{TASK_HOLDER[:-4]}{i:04d}") for i in range(4)]
+    try:
+        yield kept
+    finally:
+        let_go(kept)
+
+
+def test_the_resources_list_fits_with_proxies_named_as_seed_proxies_names_them(
+    live_server: Any, page: Any, seeded_proxies: list[Any]
+) -> None:
+    path = "/admin/resource_lease/resource/"
+    login(page, live_server, path)
+    assert Resource.objects.filter(name="crawl10@10.20.1.10:8080").exists()
+    page.screenshot(path=SCREENSHOTS / "layout-resources_seeded.png", full_page=True)
+    assert overflow(page) == {"page": 0, "list": 0}
+    # The whole URL is on screen (masked), not behind a scrollbar.
+    cell = page.locator("#result_list tbody td.field-url_display").first
+    box, table = cell.bounding_box(), page.locator("#changelist .results").bounding_box()
+    assert box and table and box["x"] + box["width"] <= table["x"] + table["width"] + 1
+    assert "***" in cell.inner_text()
+    assert page.locator("#result_list thead th.column-data_key_0").inner_text().strip().upper() == "REGION"
+
+    # The region's filter, clicked (a drop-down list or links, as the theme says).
+    dropdown = page.locator("#changelist-filter select").filter(has=page.locator("option", has_text="eu"))
+    if dropdown.count():
+        with page.expect_navigation():
+            dropdown.select_option(label="eu")
+    else:
+        page.click("#changelist-filter a:text-is('eu')")
+    page.wait_for_url("**data.region=eu**")
+    regions = page.locator("#result_list tbody td.field-data_key_0").all_inner_texts()
+    assert regions and set(regions) == {"eu"}, regions
+    assert len(regions) == 10
+    page.screenshot(path=SCREENSHOTS / "layout-resources_seeded_eu.png", full_page=True)
+    assert overflow(page) == {"page": 0, "list": 0}
+
+
+def test_negative_control_unbroken_names_push_the_url_behind_a_scrollbar(
+    live_server: Any, page: Any, seeded_proxies: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The names as Django shows a plain field: no place to wrap in "crawl10@10.20.1.10:8080".
+    monkeypatch.setattr(ResourceAdmin, "name_display", admin.display(description="name", ordering="name")(str_name))
+    path = "/admin/resource_lease/resource/"
+    login(page, live_server, path)
+    page.screenshot(path=SCREENSHOTS / "layout-resources_seeded_unbroken.png", full_page=True)
+    assert overflow(page)["list"] > 0
+
+
+def str_name(self: Any, obj: Resource) -> str:
+    return obj.name

@@ -78,7 +78,7 @@ def retrying_goto(goto: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def row(page: Any, name: str) -> Any:
-    return page.locator("#result_list tbody tr").filter(has=page.locator(f'th.field-name a:text-is("{name}")'))
+    return page.locator("#result_list tbody tr").filter(has=page.locator(f'th.field-name_display a:text-is("{name}")'))
 
 
 def test_an_operator_force_releases_a_held_resource(live_server: Any, make_pool: Any, page: Any) -> None:

@@ -45,6 +45,10 @@ BAD = [
     ("AUDIT_FLUSH_INTERVAL", 0, "must be > 0 seconds"),
     ("AUDIT_MAX_BUFFERED", 0, "must be >= 1"),
     ("AUDIT_RETENTION_DAYS", -30, "must be > 0 days"),
+    ("DATA_KEYS", "region", "must be a list or tuple of keys"),
+    ("DATA_KEYS", ["region", "url"], "must not name 'url'"),
+    ("DATA_KEYS", ["a", "b", "c", "d", "e"], "must name at most 4 keys"),
+    ("DATA_KEYS", ['re"gion'], "must hold non-empty strings"),
 ]
 
 

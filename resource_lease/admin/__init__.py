@@ -1,6 +1,9 @@
 """The Django admin: one module per concern, each registering its own models.
 
-- ``base``: what every page shares (stylesheet, state badge and filter, the read-only base).
+- ``base``: what every page shares (``AppAdmin``: times to the second, and only the query-string
+  lookups of its own filters and links, ``lookups``; the stylesheet, state badge and filter, the
+  read-only base).
+- ``lookups``: the changelists' allow-list of query-string lookups (no oracle on masked data).
 - ``times``: every time to the second, in UTC (``SecondsAdmin``).
 - ``resources``: the pool of resources (states, quarantine, force release).
 - ``overview``: the pool overview (counts, waits and time-outs per kind) and the audit trail.

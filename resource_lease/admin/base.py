@@ -1,6 +1,7 @@
-"""What every admin page of the app shares: the stylesheet, the state badge and filter, the
-read-only base class (times to the second: ``times.SecondsAdmin``), the operator's name on
-audit events, and text helpers."""
+"""What every admin page of the app shares: the base class (``AppAdmin``: times to the second,
+``times.SecondsAdmin``, and only the lookups of its own filters and links,
+``lookups.AllowListLookups``) and its read-only variant, the stylesheet, the state badge and
+filter, the operator's name on audit events, and text helpers."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
 
 from resource_lease import pool
+from resource_lease.admin.lookups import AllowListLookups
 from resource_lease.admin.times import SecondsAdmin
 from resource_lease.models import Resource
 
@@ -63,7 +65,13 @@ class StateFilter(admin.SimpleListFilter):
         return queryset
 
 
-class ReadOnlyAdmin(SecondsAdmin, admin.ModelAdmin):
+class AppAdmin(AllowListLookups, SecondsAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
+    """The base of every admin of the app (``tests/test_admin_lookups.py`` checks that none is
+    left out): times to the second, and a changelist that accepts only the lookups of its own
+    filters and links."""
+
+
+class ReadOnlyAdmin(AppAdmin):
     """Pages that only show what machines write: nothing to add, change or delete."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -28,6 +28,7 @@ class WaiterAdmin(ReadOnlyAdmin):
     list_display = ("line_display", "place", "holder_display", "priority", "where_display", "since_display")
     search_fields = ("kind", "name", "holder")
     list_per_page = 100
+    extra_lookups = ("kind__exact",)  # the pool overview's link to a kind's line
 
     class Media:
         css = CSS

@@ -21,8 +21,8 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html
 
 from resource_lease import pool
-from resource_lease.admin.base import CSS, ReadOnlyAdmin, StateFilter, actor, badge, breakable, plural
-from resource_lease.admin.times import SecondsAdmin, clipped, lock_delay_html, time_html
+from resource_lease.admin.base import CSS, AppAdmin, ReadOnlyAdmin, StateFilter, actor, badge, breakable, plural
+from resource_lease.admin.times import clipped, lock_delay_html, time_html
 from resource_lease.audit import acting_as
 from resource_lease.display import (
     current_holder,
@@ -37,7 +37,7 @@ from resource_lease.models import ElectionRow, LeadershipTerm, LockRow, Resource
 RETIRED = "retired"
 
 
-class CoordinationAdmin(SecondsAdmin, admin.ModelAdmin):
+class CoordinationAdmin(AppAdmin):
     """Read-only lists of coordination rows, with force release."""
 
     list_per_page = 100

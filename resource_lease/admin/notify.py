@@ -16,8 +16,7 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html
 
-from resource_lease.admin.base import CSS, ReadOnlyAdmin
-from resource_lease.admin.times import SecondsAdmin
+from resource_lease.admin.base import CSS, AppAdmin, ReadOnlyAdmin
 from resource_lease.models import ConfigEntry, Counter, Topic
 from resource_lease.recipes.config import parse_text, store_entry
 
@@ -107,7 +106,7 @@ class ConfigEntryForm(forms.ModelForm):
 
 
 @admin.register(ConfigEntry)
-class ConfigEntryAdmin(SecondsAdmin, admin.ModelAdmin):
+class ConfigEntryAdmin(AppAdmin):
     form = ConfigEntryForm
     list_display = ("namespace", "key", "type", "value_display", "default_display", "version", "updated_at")
     list_display_links = ("key",)

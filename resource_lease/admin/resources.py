@@ -25,8 +25,9 @@ from django.utils.html import format_html, format_html_join
 from django.utils.text import capfirst
 
 from resource_lease import pool
-from resource_lease.admin.base import CSS, StateFilter, actor, badge, breakable, plural
-from resource_lease.admin.times import SecondsAdmin, at_second, lock_delay_html, time_html
+from resource_lease.admin.base import CSS, AppAdmin, StateFilter, actor, badge, breakable, plural
+from resource_lease.admin.data_keys import data_column, data_filter, data_keys
+from resource_lease.admin.times import at_second, lock_delay_html, time_html
 from resource_lease.audit import acting_as
 from resource_lease.conf import lease_settings
 from resource_lease.display import (
@@ -42,6 +43,8 @@ from resource_lease.display import (
 )
 from resource_lease.models import LeaseEvent, Resource, ResourceQuerySet
 from resource_lease.proxy_urls import MASK
+from resource_lease.seeding import data_problem, name_problem
+from resource_lease.validation import check_kind
 
 #: Fields the lease engine (or the pool operations) write; never edited in a form.
 MACHINE_FIELDS = (
@@ -87,6 +90,10 @@ class ResourceForm(forms.ModelForm):
     changed; a typed password replaces it; a payload without ``url`` drops it. The mask keeps
     the password only for the same user, host and port: carried to another one, the form is
     refused with an error on ``data``. The add form takes the URL as typed.
+
+    The kind, name and payload are checked as the API and the seeding commands check them
+    (``validation.check_kind``, ``seeding.name_problem``, ``seeding.data_problem``): a kind
+    ``acquire()`` would refuse cannot be saved here.
     """
 
     class Meta:
@@ -110,23 +117,44 @@ class ResourceForm(forms.ModelForm):
                 " one, or type the new one."
             )
 
+    def clean_kind(self) -> str:
+        # The API's own check (resource_lease.validation.check_kind): a kind acquire() refuses
+        # (a coordination kind "@...", over 100 characters) is refused here too.
+        try:
+            return check_kind(self.cleaned_data.get("kind"))
+        except ValueError as exc:
+            raise forms.ValidationError("%(problem)s", code="kind", params={"problem": str(exc)}) from None
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data.get("name")
+        problem = name_problem(name)  # what seed_resources and seed_proxies check
+        if problem is not None:
+            raise forms.ValidationError("%(problem)s", code="name", params={"problem": problem})
+        return str(name)
+
     def clean_data(self) -> Any:
         data = self.cleaned_data.get("data")
-        if not self.masks_data:
-            return data
-        try:
-            return unmask_payload(data, self.stored_data)
-        except ValueError as exc:
-            raise forms.ValidationError(
-                'data["url"]: %(problem)s', code="masked_password", params={"problem": str(exc)}
-            ) from None
+        if self.masks_data:
+            try:
+                data = unmask_payload(data, self.stored_data)
+            except ValueError as exc:
+                raise forms.ValidationError(
+                    'data["url"]: %(problem)s', code="masked_password", params={"problem": str(exc)}
+                ) from None
+        problem = data_problem(data)  # JSON every database stores alike (encode_json)
+        if problem is not None:
+            raise forms.ValidationError("%(problem)s", code="data", params={"problem": problem})
+        return data
 
 
 @admin.register(Resource)
-class ResourceAdmin(SecondsAdmin, admin.ModelAdmin):
+class ResourceAdmin(AppAdmin):
     # The time left sits under the state: seven columns do not fit 1400 px with the sidebars.
-    list_display = ("name", "kind", "state_badge", "holder_display", "fence", "url_display")
+    # Names as seed_proxies writes them (user@host:port) wrap after "@" and before ":".
+    list_display = ("name_display", "kind", "state_badge", "holder_display", "fence", "url_display")
+    list_display_links = ("name_display",)
     list_filter = ("kind", StateFilter, "enabled")
+    extra_lookups = ("kind__exact",)  # the pool overview's links
     search_fields = ("name", "holder")
     ordering = ("kind", "name")
     list_per_page = 100
@@ -175,6 +203,15 @@ class ResourceAdmin(SecondsAdmin, admin.ModelAdmin):
         queryset: ResourceQuerySet = super().get_queryset(request)  # type: ignore[assignment]
         return with_display_state(queryset.pools())
 
+    def get_list_filter(self, request: HttpRequest) -> Any:
+        return (*super().get_list_filter(request), *(data_filter(key) for key in data_keys()))
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        # The DATA_KEYS columns go before the URL, which is the widest.
+        columns = list(super().get_list_display(request))
+        at = columns.index("url_display") if "url_display" in columns else len(columns)
+        return [*columns[:at], *(data_column(key) for key in data_keys()), *columns[at:]]
+
     def get_fieldsets(self, request: HttpRequest, obj: Resource | None = None) -> Any:
         if obj is None:
             return ((None, {"fields": EDITABLE_FIELDS}),)
@@ -188,6 +225,10 @@ class ResourceAdmin(SecondsAdmin, admin.ModelAdmin):
         ]
 
     # -- columns ------------------------------------------------------------------------
+
+    @admin.display(description="name", ordering="name")
+    def name_display(self, obj: Resource) -> str:
+        return breakable(obj.name)
 
     @admin.display(description="state", ordering="state")
     def state_badge(self, obj: Resource) -> str:

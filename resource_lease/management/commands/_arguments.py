@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
+from typing import Any
 
 from django.db.models import QuerySet
 
 from resource_lease.models import Resource
 from resource_lease.seeding import name_problem
-from resource_lease.validation import MAX_SECONDS, check_alias, check_kind, check_reason, check_seconds
+from resource_lease.validation import MAX_SECONDS, check_alias, check_kind, check_reason, check_seconds, check_where
 
 
 def pool_resources(using: str) -> QuerySet[Resource]:
@@ -77,3 +79,24 @@ def positive_days_argument(value: str) -> float:
         # Further back than the databases' dates go: an error, or a cutoff that matches nothing.
         raise argparse.ArgumentTypeError(f"must be at most {MAX_SECONDS / 86400:.0f} days, got {value!r}")
     return days
+
+
+def where_argument(value: str) -> tuple[str, Any]:
+    """``KEY=VALUE``: a key of the resources' data and the value it must hold, compared as
+    ``acquire(where=...)`` compares it. The value is an integer, ``true``, ``false`` or
+    ``null`` when it reads as one in JSON, else the text as given (``'"1"'`` for the string)."""
+    key, equals, text = value.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"must be KEY=VALUE (a key of the resources' data), got {value!r}")
+    if key == "url":
+        raise argparse.ArgumentTypeError("cannot filter by 'url' (its password is masked): use another key")
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = text
+    item = parsed if parsed is None or isinstance(parsed, (bool, int, str)) else text
+    try:
+        check_where({key: item}, "where")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return key, item

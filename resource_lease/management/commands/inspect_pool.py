@@ -1,8 +1,11 @@
-"""``manage.py inspect_pool [--kind K] [--state S] [--json] [--watch [--interval S]]``
+"""``manage.py inspect_pool [--kind K] [--state S] [--where KEY=VALUE ...] [--json] [--watch [--interval S]]``
 
 Each resource's state (free, held, expired, quarantined, disabled) by the database's clock,
 its holder, fence and time left, the counts per state of each kind, and who waits in each
-kind's line (place, holder, priority, since when, where=). ``--watch`` shows it
+kind's line (place, holder, priority, since when, where=). ``--where region=eu`` lists only
+the resources whose data holds that value (as ``acquire(where=...)`` compares it); the keys
+of ``DATA_KEYS`` and of ``--where`` are columns (``data`` in the JSON), never ``url``'s
+password. ``--watch`` shows it
 again every ``--interval`` seconds (a refreshing view on a terminal; one report after another
 in a pipe, one JSON document per line with ``--json``) until Ctrl-C, which ends it cleanly.
 Coordination rows (kinds starting with ``@``) are not part of any pool and are not shown.
@@ -24,9 +27,11 @@ from resource_lease.management.commands._arguments import (
     interval_argument,
     kind_argument,
     pool_resources,
+    where_argument,
 )
 from resource_lease.management.commands._base import LeaseCommand
 from resource_lease.pool import QUARANTINED, STATES, counts, database_now, waiting
+from resource_lease.validation import where_matches
 
 COLUMNS = ("KIND", "NAME", "STATE", "HOLDER", "FENCE", "LEASE LEFT", "URL", "NOTE")
 WIDEST = {"NAME": 40, "HOLDER": 40, "URL": 60, "NOTE": 60}
@@ -44,6 +49,19 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _value(resource: Any, key: str) -> Any:
+    """``data[key]`` of a resource (None when absent)."""
+    return resource.data.get(key) if isinstance(resource.data, dict) else None
+
+
+def _text(resource: Any, key: str) -> str:
+    """``data[key]`` for the table: a string as it is, anything else as JSON, "" when absent."""
+    if not isinstance(resource.data, dict) or key not in resource.data:
+        return ""
+    value = resource.data[key]
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
 #: Moves the cursor home and clears the screen: each refresh of --watch replaces the last.
 CLEAR = "\x1b[H\x1b[2J"
 
@@ -57,6 +75,14 @@ class Command(LeaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--kind", type=kind_argument, help="only this kind")
         parser.add_argument("--state", choices=STATES, help="only resources in this state (counts stay complete)")
+        parser.add_argument(
+            "--where",
+            type=where_argument,
+            action="append",
+            metavar="KEY=VALUE",
+            help="only resources whose data holds this value (repeatable; a number, true, false or null as JSON,"
+            " else text); counts stay complete",
+        )
         parser.add_argument("--json", action="store_true", dest="as_json", help="print JSON for scripts")
         parser.add_argument(
             "--database", type=database_argument, default=None, help="database alias (default: the lease database)"
@@ -78,9 +104,15 @@ class Command(LeaseCommand):
         database: str | None,
         watch: bool = False,
         interval: float = 2.0,
+        where: list[tuple[str, Any]] | None = None,
         **options: Any,
     ) -> None:
         using = database or str(lease_settings.DATABASE)
+        self.where = dict(where or [])
+        if len(self.where) != len(where or []):
+            raise CommandError("--where names a key twice")
+        keys = [*lease_settings.DATA_KEYS, *self.where]
+        self.keys = [key for i, key in enumerate(keys) if key != "url" and key not in keys[:i]]
         if not watch:
             self.show(using, kind, state, as_json)
             return
@@ -116,7 +148,7 @@ class Command(LeaseCommand):
         rows = with_display_state(pool).order_by("kind", "name")
         if state is not None:
             rows = rows.filter(state=state)  # type: ignore[misc]
-        resources = list(rows)
+        resources = [r for r in rows if where_matches(self.where, r.data)]
         lines = {k: line for k, line in waiting(kind, using=using).items() if k in per_kind}
         if as_json:
             self._json(resources, per_kind, lines, using, compact=compact)
@@ -165,6 +197,7 @@ class Command(LeaseCommand):
                     "quarantine_reason": r.quarantine_reason or None,
                     "enabled": r.enabled,
                     "url": payload_url(r) or None,
+                    **({"data": {key: _value(r, key) for key in self.keys}} if self.keys else {}),
                 }
                 for r in resources
             ],
@@ -178,7 +211,10 @@ class Command(LeaseCommand):
                 "The pool is empty: load it with `manage.py seed_proxies FILE` (or `seed_resources FILE --kind K`)."
             )
             return
-        table: list[tuple[str, ...]] = [COLUMNS]
+        # The DATA_KEYS and --where keys, before the URL.
+        at = COLUMNS.index("URL")
+        headers = (*COLUMNS[:at], *(key.upper() for key in self.keys), *COLUMNS[at:])
+        table: list[tuple[str, ...]] = [headers]
         for r in resources:
             note = ""
             if r.state == QUARANTINED:
@@ -188,6 +224,7 @@ class Command(LeaseCommand):
                 note = "lease ran out unreleased; free to take"
             elif r.took_over and current_holder(r):
                 note = f"taken over from {r.previous_holder}"
+            shown = [_text(r, key) for key in self.keys]
             cells = (
                 r.kind,
                 r.name,
@@ -195,12 +232,17 @@ class Command(LeaseCommand):
                 current_holder(r),
                 str(r.fence),
                 format_duration(r.time_left),
+                *shown,
                 payload_url(r),
                 note,
             )
-            table.append(tuple(_clip(c, WIDEST.get(h, 1000)) for h, c in zip(COLUMNS, cells, strict=True)))
+            table.append(
+                tuple(
+                    _clip(c, WIDEST.get(h, 1000 if h in COLUMNS else 40)) for h, c in zip(headers, cells, strict=True)
+                )
+            )
         if len(table) > 1:
-            widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
+            widths = [max(len(row[i]) for row in table) for i in range(len(headers))]
             for i, row in enumerate(table):
                 line = "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
                 self.stdout.write(self.style.MIGRATE_HEADING(line) if i == 0 else line)
