@@ -16,7 +16,7 @@ from django.core.management.base import CommandError, CommandParser
 from resource_lease.management.commands._arguments import database_argument
 from resource_lease.management.commands._base import LeaseCommand
 from resource_lease.recipes.dispenser import Dispenser, check_key
-from resource_lease.validation import check_json, check_name
+from resource_lease.validation import MAX_JSON_DEPTH, check_json, check_name
 
 
 class Command(LeaseCommand):
@@ -57,6 +57,10 @@ class Command(LeaseCommand):
                 check_json(payload, "payload")
             except (ValueError, json.JSONDecodeError) as exc:
                 raise CommandError(f"line {number}: {exc}") from None
+            except RecursionError:  # json.loads of lists nested thousands deep
+                raise CommandError(
+                    f"line {number}: payload must not nest lists and dicts more than {MAX_JSON_DEPTH} deep"
+                ) from None
             if key in items:
                 raise CommandError(f"line {number}: key {key!r} appears twice")
             items[key] = payload
