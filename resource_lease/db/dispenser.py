@@ -249,11 +249,20 @@ MYSQL_CLAIM_EXPIRED_LOCKING = (
     "UPDATE {items} FORCE INDEX ({next_index}) SET {item_claim_set}"
     " WHERE {item_retake}{pattern} ORDER BY expires_at, id LIMIT {p_n}"
 )
-# The values are validated before (lengths, text), so IGNORE only skips duplicates.
+# IGNORE skips the keys that exist (counting only new rows, as ON CONFLICT DO NOTHING does;
+# ON DUPLICATE KEY UPDATE would count every row under CLIENT.FOUND_ROWS). IGNORE also turns
+# any other error of a row into a warning and drops the row (a payload MariaDB's JSON check
+# refuses), so the put reads the warnings right after (ITEMS_PUT_WARNINGS) and fails loudly,
+# naming the keys not stored, unless every one of them is a duplicate (MYSQL_DUPLICATE_KEY).
 MYSQL_PUT = (
     "INSERT IGNORE INTO {items} (dispenser, item_key, payload, state, worker, fence, claim_token, attempts, error,"
     " created_at) VALUES {rows}"
 )
+# How many warnings the last statement left, then the first max_error_count of them.
+MYSQL_PUT_WARNING_COUNT = "SHOW COUNT(*) WARNINGS"
+MYSQL_PUT_WARNINGS = "SHOW WARNINGS"
+#: The one warning an INSERT IGNORE is there for: a duplicate key (ER_DUP_ENTRY).
+MYSQL_DUPLICATE_KEY = 1062
 MYSQL_TEMPLATES = {
     **TEMPLATES,
     "ITEMS_CLAIM_PENDING": MYSQL_CLAIM_PENDING,
@@ -261,6 +270,8 @@ MYSQL_TEMPLATES = {
     "ITEMS_CLAIM_PENDING_LOCKING": MYSQL_CLAIM_PENDING_LOCKING,
     "ITEMS_CLAIM_EXPIRED_LOCKING": MYSQL_CLAIM_EXPIRED_LOCKING,
     "ITEMS_PUT": MYSQL_PUT,
+    "ITEMS_PUT_WARNING_COUNT": MYSQL_PUT_WARNING_COUNT,
+    "ITEMS_PUT_WARNINGS": MYSQL_PUT_WARNINGS,
 }
 
 #: The items' pieces per vendor: how a pattern is matched, and the plan reader.

@@ -65,7 +65,12 @@ POSTGRESQL_TEMPLATES = {**TEMPLATES, "TERM_RECORD": PG_TERM_RECORD, "TERM_WAKE":
 # -- MySQL / MariaDB: INSERT IGNORE (a term already written is kept) ------------------------
 
 MYSQL_TERM_RECORD = "INSERT IGNORE INTO " + _COLUMNS[len("INSERT INTO ") :] + _ROWS + " AND fence > 1"
-MYSQL_TEMPLATES = {**TEMPLATES, "TERM_RECORD": MYSQL_TERM_RECORD}
+# IGNORE would also drop a row for any other error as a warning: the warnings are read right
+# after, and any but a duplicate key (MYSQL_DUPLICATE_KEY) fails the write (issue 37).
+MYSQL_TERM_RECORD_WARNINGS = "SHOW WARNINGS"
+#: The one warning the INSERT IGNORE is there for: a duplicate key (ER_DUP_ENTRY).
+MYSQL_DUPLICATE_KEY = 1062
+MYSQL_TEMPLATES = {**TEMPLATES, "TERM_RECORD": MYSQL_TERM_RECORD, "TERM_RECORD_WARNINGS": MYSQL_TERM_RECORD_WARNINGS}
 
 
 def pieces(dialect: Dialect) -> dict[str, str]:
