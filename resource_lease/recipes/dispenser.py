@@ -54,6 +54,17 @@ def check_key(value: Any, name: str = "key") -> str:
     return check_text(value, name)
 
 
+def check_file_key(value: Any, name: str = "key") -> str:
+    """A key that is one plain file name, as a ``FolderWorker``'s keys must be (its task
+    file is ``<key>.<extension>`` in its folder): a key (``check_key``) with no ``/`` or
+    ``\\`` and not ``.`` or ``..``, so that no key names a file outside the folder
+    (``manage.py enqueue --file-names`` refuses the others)."""
+    key = check_key(value, name)
+    if key in (".", "..") or "/" in key or "\\" in key:
+        raise ValueError(f"{name} must be one plain file name (no '/', '\\', '.' or '..'), got {key!r}")
+    return key
+
+
 def check_count(value: Any, name: str, *, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
