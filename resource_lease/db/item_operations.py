@@ -29,9 +29,9 @@ def _json(value: Any) -> str | None:
     return None if value is None else json_text.dumps(value)
 
 
-def anchored(pattern: str) -> str:
-    """A worker's pattern as the databases match it: the whole key (``re.fullmatch``)."""
-    return f"^(?:{pattern})$"
+def vendor_pattern(d: Dialect, pattern: str) -> str:
+    """A worker's checked pattern as the vendor's ``key_match`` matches the whole key."""
+    return item_sql.sql_pattern(d.vendor, item_sql.pattern_parts(pattern))
 
 
 def _numbered(named: str, prefix: str, values: Sequence[Any], params: dict[str, Any]) -> list[str]:
@@ -177,7 +177,7 @@ class ItemOperations:
         params: dict[str, Any] = {"dispenser": dispenser}
         matching = "1"
         if pattern is not None:
-            params["pattern"] = anchored(pattern)
+            params["pattern"] = vendor_pattern(self.dialect, pattern)
             matching = self.dialect.sql["ITEM_MATCHING"]
         what = f"counting the unfinished items of {dispenser!r}"
         ((total, matched),) = self._select("ITEMS_UNFINISHED", params, what=what, matching=matching)
@@ -199,7 +199,7 @@ class ItemOperations:
             "worker": worker,
             "ttl": d.ttl_param(ttl),
             "max_attempts": max_attempts,
-            "pattern": None if pattern is None else anchored(pattern),
+            "pattern": None if pattern is None else vendor_pattern(d, pattern),
         }
         holes = {"pattern": "", "pattern_r": "", "pattern_plus": ""}
         if pattern is not None:

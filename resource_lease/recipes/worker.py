@@ -33,6 +33,7 @@ from resource_lease.recipes.dispenser import (
     check_file_key,
     check_key,
     check_pattern,
+    key_matches,
 )
 from resource_lease.renewal import renew_once, renewer
 from resource_lease.validation import check_name, check_seconds, resolve_ttl
@@ -59,7 +60,7 @@ class Worker:
     """The hand-written WorkerBase's shape: one of several equal workers draining a dispenser.
 
     Subclasses set ``dispenser`` (its name), and may set ``batch``, ``ttl``, ``pattern``
-    (``re.fullmatch`` of the keys this worker takes), ``max_attempts`` and ``poll``, and
+    (the keys this worker takes: ``Dispenser.assign``'s pattern, a full match of the key), ``max_attempts`` and ``poll``, and
     implement ``do_work(key, payload)``: True when done; False or an exception when failed.
     """
 
@@ -388,7 +389,7 @@ class FolderWorker(Worker):
         for key in keys:
             if key in self._known or key in self._unusable:
                 continue
-            if self.pattern is not None and not re.fullmatch(self.pattern, key):
+            if not key_matches(self.pattern, key):
                 # Not this worker's task: it is never put, so it never counts as work
                 # left for this worker (a worker whose pattern matches it puts it).
                 self._unusable.add(key)
