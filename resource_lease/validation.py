@@ -221,7 +221,9 @@ MAX_JSON_DEPTH = 30
 
 
 def _json_path(path: tuple[Any, ...]) -> str:
-    return "".join(f"[{step!r}]" for step in path)
+    """Where inside a JSON value: ``['a'][0]``, its first steps only when it is deep."""
+    shown = "".join(f"[{step!r}]" for step in path[:6])
+    return shown if len(path) <= 6 else f"{shown}...({len(path)} levels down)"
 
 
 def check_json_value(value: Any, name: str) -> None:

@@ -174,3 +174,30 @@ def test_control_a_dash_key_fails_every_acquire_on_mariadb(monkeypatch: pytest.M
     else:
         with acquire("dash", ttl=5, where={"-a": 1}, timeout=0) as lease:
             assert lease.resource.name == "r0"
+
+
+def test_seed_resources_names_the_entry_whose_data_is_too_deep(tmp_path: Path) -> None:
+    # MariaDB refused the write, and the command blamed "another process"; thousands of
+    # levels were a RecursionError in json.loads.
+    seed = tmp_path / "seed.json"
+    for document, said in [
+        ('[{"name": "r1", "data": {"d": 1}}, {"name": "r2", "data": {"d": ' + "[" * 31 + "]" * 31 + "}}]", "item 2"),
+        ('[{"name": "r1", "data": {"d": ' + "[" * 5000 + "]" * 5000 + "}}]", "too deep"),
+    ]:
+        seed.write_text(document)
+        with pytest.raises(CommandError, match="nothing was written") as caught:
+            call_command("seed_resources", str(seed), "--kind", "gpu")
+        assert said in str(caught.value) and "another process" not in str(caught.value), caught.value
+    assert not Resource.objects.filter(kind="gpu").exists()
+
+
+def test_control_without_the_rule_mariadb_blames_another_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if connection.vendor != "mysql":
+        pytest.skip("only MariaDB refuses 32 levels")
+    monkeypatch.setattr(validation, "check_json_value", lambda value, name: None)
+    seed = tmp_path / "seed.json"
+    seed.write_text('[{"name": "r2", "data": {"d": ' + "[" * 31 + "]" * 31 + "}}]")
+    with pytest.raises(CommandError, match="another process"):
+        call_command("seed_resources", str(seed), "--kind", "gpu")
