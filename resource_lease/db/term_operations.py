@@ -8,7 +8,6 @@ from typing import Any
 
 from resource_lease.db.base import Dialect
 from resource_lease.db.connections import lease_connection, run_repeatable
-from resource_lease.db.terms import MYSQL_DUPLICATE_KEY as DUPLICATE
 
 
 class TermOperations:
@@ -24,11 +23,6 @@ class TermOperations:
             c.execute(d.sql["TERM_RECORD"], params)
             if c.description is not None:  # PostgreSQL's form selects its NOTIFY
                 c.fetchall()
-            if "TERM_RECORD_WARNINGS" in d.sql:  # MySQL's INSERT IGNORE: only duplicates may be skipped
-                c.execute(d.sql["TERM_RECORD_WARNINGS"])
-                others = [f"{code} {message}" for _level, code, message in c.fetchall() if int(code) != DUPLICATE]
-                if others:
-                    raise ValueError(f"the database did not write term {fence} of {name!r}: {'; '.join(others)}")
             c.execute(d.sql["TERM_LEADER"], {"election": name, "fence": fence})
             rows = c.fetchall()
             return bool(rows) and rows[0][0] == holder
