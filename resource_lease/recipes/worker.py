@@ -60,8 +60,9 @@ class Worker:
     """The hand-written WorkerBase's shape: one of several equal workers draining a dispenser.
 
     Subclasses set ``dispenser`` (its name), and may set ``batch``, ``ttl``, ``pattern``
-    (the keys this worker takes: ``Dispenser.assign``'s pattern, a full match of the key), ``max_attempts`` and ``poll``, and
-    implement ``do_work(key, payload)``: True when done; False or an exception when failed.
+    (the keys this worker takes: ``Dispenser.assign``'s pattern, a full match of the key),
+    ``max_attempts`` and ``poll``, and implement ``do_work(key, payload)``: True when done;
+    False or an exception when failed.
     """
 
     dispenser: str = ""
