@@ -151,7 +151,8 @@ class KeptRow:
 
     - ``on_gained(lease)`` runs after each grant, before anyone is told; returning False
       gives the grant back (a group's fenced write of its data failed: the grant was lost
-      at once) and the next attempt comes as usual;
+      at once) and the next attempt comes as usual; raising gives the grant back too, and
+      the error goes on to the caller of ``take()``;
     - ``on_lost(lease, reason)`` runs once per lost grant, ordered with the owner's other
       callbacks, off the keeper's thread (``keeper.dispatch``).
 
@@ -215,12 +216,27 @@ class KeptRow:
         if lease is None:
             return None
         lease.callback_owner = self.owner
-        if self._on_gained is not None and not self._on_gained(lease):
+        if not self._gained(lease):
             lease.release()
             return None
         with self._lock:
             self._lease = lease
         return granted(lease, auto_renew=auto_renew)
+
+    def _gained(self, lease: Lease) -> bool:
+        """``on_gained(lease)``. If it raises, the grant is given back before the error goes
+        on: an attempt that fails holds nothing (issue 37: a group's join whose data write
+        failed left a member in ``members()`` until its ttl)."""
+        if self._on_gained is None:
+            return True
+        try:
+            return self._on_gained(lease)
+        except BaseException:
+            try:
+                lease.release()
+            except Exception:  # the error of on_gained is the one to raise; the grant expires
+                logger.warning("%s: giving back a grant after a failed start failed", self.what, exc_info=True)
+            raise
 
     def keep(self) -> None:
         """From now on, take the row again after every loss (in the keeper's thread)."""

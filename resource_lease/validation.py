@@ -156,7 +156,7 @@ def check_priority(value: Any, name: str = "priority") -> int:
 def check_where(value: Any, name: str = "where") -> dict[str, str | int | bool | None] | None:
     """A ``where=`` filter: None, or a dict of at most MAX_WHERE_KEYS keys (non-empty text of
     at most MAX_WHERE_KEY characters, without the double quote or backslash a JSON path
-    cannot carry on every database) to the value ``data`` must hold under that key: a string,
+    cannot carry on every database, not starting with '-', which no MariaDB path can name) to the value ``data`` must hold under that key: a string,
     an int (64-bit), a bool or None, compared exactly (type and value: 1 is neither True nor
     1.0). Floats, lists and dicts are refused: the databases' JSON does not compare them alike.
     An empty dict is the same as None."""
@@ -174,6 +174,12 @@ def check_where(value: Any, name: str = "where") -> dict[str, str | int | bool |
             raise ValueError(f"{name} keys must be at most {MAX_WHERE_KEY} characters, got {len(key)}")
         if '"' in key or "\\" in key:
             raise ValueError(f"{name} keys must not contain '\"' or '\\\\', got {key!r}")
+        if key.startswith("-"):
+            # MariaDB (10.9+) reads '$."-a"' as a bad path (error 4042) however it is quoted
+            # or escaped: no path can name such a key there, so no database takes one.
+            raise ValueError(
+                f"{name} keys must not start with '-' (MariaDB's JSON paths cannot name them), got {key!r}"
+            )
         check_text(key, f"{name} key")
         if isinstance(item, str):
             check_text(item, f"{name}[{key!r}]")
@@ -207,10 +213,62 @@ def where_matches(where: Mapping[str, Any] | None, data: Any) -> bool:
     return True
 
 
+#: The most lists and dicts a JSON value may nest (``[[1]]`` nests 2). MariaDB refuses a
+#: document nested 32 deep (its JSON_DEPTH counts the innermost value as a level), and deeper
+#: still Python's own ``json`` runs out of recursion: one limit everywhere, with room to
+#: spare (docs/pitfalls.md#value-limits).
+MAX_JSON_DEPTH = 30
+
+
+def _json_path(path: tuple[Any, ...]) -> str:
+    """Where inside a JSON value: ``['a'][0]``, its first steps only when it is deep."""
+    shown = "".join(f"[{step!r}]" for step in path[:6])
+    return shown if len(path) <= 6 else f"{shown}...({len(path)} levels down)"
+
+
+def check_json_value(value: Any, name: str) -> None:
+    """The one JSON rule, checked before anything is sent, the same for every entry point
+    and every database: ``ValueError`` naming ``name`` (and where inside it) unless every
+    dict key is a string (``json`` would turn None, 1 or True into text silently), lists
+    and dicts nest at most ``MAX_JSON_DEPTH`` deep, and no float is NaN, an infinity or
+    ``-0.0`` (PostgreSQL's ``jsonb`` reads it back as ``0.0``). Walked without recursion,
+    so no depth is a ``RecursionError``; a value that contains itself is too deep."""
+    stack: list[tuple[Any, tuple[Any, ...], int]] = [(value, (), 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if isinstance(item, (dict, list, tuple)):
+            if depth >= MAX_JSON_DEPTH:
+                raise ValueError(
+                    f"{name} must not nest lists and dicts more than {MAX_JSON_DEPTH} deep (MariaDB refuses"
+                    f" deeper JSON), got deeper at {name}{_json_path(path)}"
+                )
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    if not isinstance(key, str):
+                        raise ValueError(
+                            f"{name} must have string keys only (JSON would turn {key!r} into text), got"
+                            f" {type(key).__name__} key {key!r} in {name}{_json_path(path)}"
+                        )
+                    stack.append((child, (*path, key), depth + 1))
+            else:
+                stack.extend((child, (*path, index), depth + 1) for index, child in enumerate(item))
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise ValueError(
+                    f"{name} must not contain NaN or infinity (not JSON), got {item!r} at {name}{_json_path(path)}"
+                )
+            if item == 0.0 and math.copysign(1.0, item) < 0:
+                raise ValueError(
+                    f"{name} must not contain -0.0 (PostgreSQL reads it back as 0.0), at {name}{_json_path(path)}"
+                )
+
+
 def encode_json(value: Any, name: str) -> str:
-    """``value`` as JSON text that every vendor stores as given: no NaN or infinity (not JSON;
-    PostgreSQL refuses them), no NUL character (PostgreSQL's jsonb refuses ``\\u0000``), valid
-    Unicode. ``ValueError`` naming ``name`` otherwise (docs/pitfalls.md#value-limits)."""
+    """``value`` as JSON text that every vendor stores and reads back as given:
+    ``check_json_value`` (string keys, at most ``MAX_JSON_DEPTH`` deep, no NaN, infinity
+    or -0.0), no NUL character (PostgreSQL's jsonb refuses ``\\u0000``), valid Unicode.
+    ``ValueError`` naming ``name`` otherwise (docs/pitfalls.md#value-limits)."""
+    check_json_value(value, name)
     try:
         text = json_text.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:

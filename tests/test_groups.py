@@ -261,3 +261,55 @@ def test_a_killed_member_drops_out_and_a_paused_one_comes_back_by_itself(spawn_w
     for reports in procs.values():
         reports.send("leave")
         reports.next("left")
+
+
+# -- a join that fails holds nothing (issue 37, point 5) -------------------------------------
+
+
+def deep_data(depth: int = 32) -> dict[str, Any]:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return {"d": value}
+
+
+def join_that_fails(monkeypatch: pytest.MonkeyPatch) -> tuple[type[BaseException], dict[str, Any]]:
+    """A join whose data write fails after the grant: on MariaDB for real (data nested
+    deeper than its JSON holds, the JSON rule taken out); elsewhere a write that raises."""
+    from django.db import connection
+
+    from resource_lease import validation
+    from resource_lease.exceptions import LeaseDatabaseError
+
+    if connection.vendor == "mysql":
+        monkeypatch.setattr(validation, "check_json_value", lambda value, name: None)
+        return LeaseDatabaseError, deep_data()
+
+    def failing_write(self: Group, lease: Any) -> bool:
+        raise LeaseDatabaseError("the data write failed (injected)")
+
+    monkeypatch.setattr(Group, "_write_data", failing_write)
+    return LeaseDatabaseError, {"d": 1}
+
+
+def test_a_join_that_raises_leaves_no_member_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    error, data = join_that_fails(monkeypatch)
+    group = Group("ghosts", member="m1", ttl=30, data=data)
+    with pytest.raises(error):
+        group.join()
+    assert Group("ghosts").members() == []  # not for the ttl (30 s): at once
+    monkeypatch.undo()
+    with Group("ghosts", member="m1", ttl=30) as again:  # the name is free for anyone
+        assert again.members() == ["m1"]
+
+
+def test_control_without_the_give_back_the_failed_join_is_a_ghost(monkeypatch: pytest.MonkeyPatch) -> None:
+    from resource_lease import named
+
+    error, data = join_that_fails(monkeypatch)
+    monkeypatch.setattr(named.KeptRow, "_gained", lambda self, lease: self._on_gained(lease))
+    group = Group("ghosts", member="m1", ttl=30, data=data)
+    with pytest.raises(error):
+        group.join()
+    assert Group("ghosts").members() == ["m1"]  # held by nobody, counted for 30 s
+    force_release(Resource.objects.filter(kind__endswith="ghosts"))

@@ -17,7 +17,7 @@ from tests.properties import same_json
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-FLOATS = [1e16, -1e16, 1.5e300, 1e22, float(2**63), 0.1, -0.0, 5e-324, 1e-7]
+FLOATS = [1e16, -1e16, 1.5e300, 1e22, float(2**63), 0.1, 5e-324, 1e-7]  # -0.0: refused (test_json_rule.py)
 
 
 def same(a: object, b: object) -> bool:

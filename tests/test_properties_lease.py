@@ -62,6 +62,8 @@ def where_ok(where: Any) -> bool:
     for key, value in where.items():
         if not isinstance(key, str) or not key or len(key) > 200 or '"' in key or "\\" in key:
             return False
+        if key.startswith("-"):  # no MariaDB JSON path can name it
+            return False
         if not text_ok(key, 200, blank=True):
             return False
         if isinstance(value, str):

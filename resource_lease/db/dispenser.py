@@ -36,8 +36,8 @@ WORKER_INDEX = "resource_lease_item_worker_idx"
 # statements of ``db/statements.py`` are). Parameters are named: ``{p_worker}`` is the
 # parameter ``worker``. The pieces: ``{items}`` the item table, ``{now}`` the database's
 # clock, ``{claim_expiry}`` now + the parameter ``ttl``, ``{payload_json}`` /
-# ``{result_json}`` a JSON parameter as the vendor stores it, ``{regex}`` the vendor's full
-# match of a regular expression; filled per call: ``{pattern}`` (ITEM_PATTERN or nothing; its
+# ``{result_json}`` a JSON parameter as the vendor stores it, ``{key_match}`` the vendor's
+# match of the parameter ``pattern`` as ``sql_pattern`` wrote it (LIKE, SQLite's GLOB); filled per call: ``{pattern}`` (ITEM_PATTERN or nothing; its
 # ``_r`` and ``_plus`` forms), ``{key_filter}`` (ITEM_KEYS or nothing), ``{fence_filter}``
 # (ITEM_FENCES or nothing), ``{keys}``, ``{fences}``, ``{tokens}``, ``{token_order}``,
 # ``{ids}``, ``{rows}``: lists of placeholders of numbered parameters (``k0``, ``f0``, ...).
@@ -59,10 +59,11 @@ ITEM_CLAIM_SET_R = (
     " r.claim_token = {p_token}, r.expires_at = {claim_expiry}, r.claimed_at = {now}"
 )
 
-# Only keys matching the pattern (a Python-style regular expression, anchored by the caller).
-ITEM_PATTERN = " AND item_key {regex} {p_pattern}"
-ITEM_PATTERN_R = " AND r.item_key {regex} {p_pattern}"
-ITEM_PATTERN_PLUS = " AND +item_key {regex} {p_pattern}"
+# Only keys the pattern matches (a worker's pattern in the portable subset, as sql_pattern
+# writes it for the vendor: never a database's own regular expressions, which differ).
+ITEM_PATTERN = " AND item_key {key_match}"
+ITEM_PATTERN_R = " AND r.item_key {key_match}"
+ITEM_PATTERN_PLUS = " AND +item_key {key_match}"
 
 # The items a claim may take: pending ones (oldest first), or expired claims with attempts
 # left (longest expired first). The order is the index's after its equality columns (never
@@ -186,7 +187,7 @@ ITEMS_BY_KEY = (
 # The unfinished items (pending or assigned), and how many of them a worker's pattern matches
 # ({matching}: ITEM_MATCHING, or 1 without a pattern): what it could still claim, now or once
 # another worker's claim expires (its run(until_empty=True) stops when none).
-ITEM_MATCHING = "CASE WHEN item_key {regex} {p_pattern} THEN 1 ELSE 0 END"
+ITEM_MATCHING = "CASE WHEN item_key {key_match} THEN 1 ELSE 0 END"
 ITEMS_UNFINISHED = (
     "SELECT COUNT(*), COALESCE(SUM({matching}), 0) FROM {items}"
     " WHERE dispenser = {p_dispenser} AND state IN ('pending', 'assigned')"
@@ -249,11 +250,20 @@ MYSQL_CLAIM_EXPIRED_LOCKING = (
     "UPDATE {items} FORCE INDEX ({next_index}) SET {item_claim_set}"
     " WHERE {item_retake}{pattern} ORDER BY expires_at, id LIMIT {p_n}"
 )
-# The values are validated before (lengths, text), so IGNORE only skips duplicates.
+# IGNORE skips the keys that exist (counting only new rows, as ON CONFLICT DO NOTHING does;
+# ON DUPLICATE KEY UPDATE would count every row under CLIENT.FOUND_ROWS). IGNORE also turns
+# any other error of a row into a warning and drops the row (a payload MariaDB's JSON check
+# refuses), so the put reads the warnings right after (ITEMS_PUT_WARNINGS) and fails loudly,
+# naming the keys not stored, unless every one of them is a duplicate (MYSQL_DUPLICATE_KEY).
 MYSQL_PUT = (
     "INSERT IGNORE INTO {items} (dispenser, item_key, payload, state, worker, fence, claim_token, attempts, error,"
     " created_at) VALUES {rows}"
 )
+# How many warnings the last statement left, then the first max_error_count of them.
+MYSQL_PUT_WARNING_COUNT = "SHOW COUNT(*) WARNINGS"
+MYSQL_PUT_WARNINGS = "SHOW WARNINGS"
+#: The one warning an INSERT IGNORE is there for: a duplicate key (ER_DUP_ENTRY).
+MYSQL_DUPLICATE_KEY = 1062
 MYSQL_TEMPLATES = {
     **TEMPLATES,
     "ITEMS_CLAIM_PENDING": MYSQL_CLAIM_PENDING,
@@ -261,10 +271,14 @@ MYSQL_TEMPLATES = {
     "ITEMS_CLAIM_PENDING_LOCKING": MYSQL_CLAIM_PENDING_LOCKING,
     "ITEMS_CLAIM_EXPIRED_LOCKING": MYSQL_CLAIM_EXPIRED_LOCKING,
     "ITEMS_PUT": MYSQL_PUT,
+    "ITEMS_PUT_WARNING_COUNT": MYSQL_PUT_WARNING_COUNT,
+    "ITEMS_PUT_WARNINGS": MYSQL_PUT_WARNINGS,
 }
 
-#: The items' pieces per vendor: how a pattern is matched, and the plan reader.
-REGEX = {"sqlite": "REGEXP", "postgresql": "~", "mysql": "REGEXP"}
+#: The items' pieces per vendor: how a pattern is matched, and the plan reader. LIKE compares
+#: exactly on PostgreSQL and on MySQL/MariaDB's item_key (a binary NO PAD collation:
+#: make_item_columns_exact); SQLite's LIKE ignores case, its GLOB does not.
+KEY_MATCH = {"sqlite": "GLOB {}", "postgresql": "LIKE {} ESCAPE '!'", "mysql": "LIKE {} ESCAPE '!'"}
 EXPLAIN = {"sqlite": "EXPLAIN QUERY PLAN", "postgresql": "EXPLAIN", "mysql": "EXPLAIN"}
 
 
@@ -278,9 +292,100 @@ def pieces(dialect: Dialect) -> dict[str, str]:
         "claim_expiry": dialect.expiry_sql(named.format("ttl")),
         "payload_json": dialect.json_cast.format(named.format("payload")),
         "result_json": dialect.json_cast.format(named.format("result")),
-        "regex": REGEX[dialect.vendor],
+        "key_match": KEY_MATCH[dialect.vendor].format(named.format("pattern")),
         "next_index": NEXT_INDEX,
     }
+
+
+# -- patterns: one portable language ---------------------------------------------------------
+
+#: The longest pattern (keys are at most 255 characters; escapes double that).
+MAX_PATTERN = 1000
+#: A pattern's parts: a character taken literally, ANY (``.``: one character) or RUN
+#: (``.*``: any run of characters, none too).
+ANY, RUN = "", None
+Part = str | None
+_SPECIAL = set("[](){}|?*+^$")
+
+
+def pattern_parts(pattern: str) -> list[Part]:
+    """A worker's ``pattern`` parsed: the one pattern language every database matches alike,
+    a subset of Python's regular expressions (``re.fullmatch`` of the whole key): literal
+    text, ``.`` (any one character, a newline too), ``.*`` (any run, empty too), ``.+`` (a
+    run of at least one), and ``\\`` before a character that is not a letter or digit to
+    take it literally (``\\.``, ``\\*``, ``\\\\``). ``ValueError`` (saying what and where)
+    for anything else: classes, groups, alternation, anchors, other repeats, ``\\d`` and
+    the like are each database's own dialect (POSIX classes, ``a{,2}``, inline flags, where
+    ``$`` matches), and a pattern the database refuses would fail only after the claim
+    had begun."""
+    parts: list[Part] = []
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            if i + 1 == len(pattern):
+                raise ValueError("ends with a lone '\\'")
+            following = pattern[i + 1]
+            if following.isascii() and following.isalnum():
+                raise ValueError(f"'\\{following}' at position {i} is not in the portable subset")
+            parts.append(following)
+            i += 2
+        elif char == ".":
+            after = pattern[i + 1 : i + 2]
+            if after == "*":
+                parts.append(RUN)
+                i += 2
+            elif after == "+":
+                parts.extend((ANY, RUN))
+                i += 2
+            else:
+                parts.append(ANY)
+                i += 1
+        elif char in _SPECIAL:
+            raise ValueError(f"{char!r} at position {i} is not in the portable subset")
+        else:
+            parts.append(char)
+            i += 1
+    return parts
+
+
+def sql_pattern(vendor: str, parts: list[Part]) -> str:
+    """The parameter ``KEY_MATCH[vendor]`` matches the whole key with: a LIKE pattern (``_``
+    one character, ``%`` any run; ``!`` escapes ``%``, ``_`` and itself) or, on SQLite, a
+    GLOB pattern (``?``, ``*``; ``[*]``, ``[?]``, ``[[]`` for those characters)."""
+    out = []
+    for part in parts:
+        if part is RUN:
+            out.append("*" if vendor == "sqlite" else "%")
+        elif part == ANY:
+            out.append("?" if vendor == "sqlite" else "_")
+        elif vendor == "sqlite":
+            out.append(f"[{part}]" if part in "*?[" else part)
+        else:
+            out.append(f"!{part}" if part in "%_!" else part)
+    return "".join(out)
+
+
+def pattern_matches(parts: list[Part], key: str) -> bool:
+    """Whether ``parts`` match the whole ``key``, as the databases judge it: the classic
+    wildcard match, going back only to the last run (no backtracking blow-up)."""
+    p = k = 0
+    star, star_k = -1, 0
+    while k < len(key):
+        if p < len(parts) and parts[p] is not RUN and (parts[p] == ANY or parts[p] == key[k]):
+            p += 1
+            k += 1
+        elif p < len(parts) and parts[p] is RUN:
+            star, star_k = p, k
+            p += 1
+        elif star >= 0:
+            star_k += 1
+            p, k = star + 1, star_k
+        else:
+            return False
+    while p < len(parts) and parts[p] is RUN:
+        p += 1
+    return p == len(parts)
 
 
 def decode_json(value: Any) -> Any:

@@ -29,9 +29,9 @@ def _json(value: Any) -> str | None:
     return None if value is None else json_text.dumps(value)
 
 
-def anchored(pattern: str) -> str:
-    """A worker's pattern as the databases match it: the whole key (``re.fullmatch``)."""
-    return f"^(?:{pattern})$"
+def vendor_pattern(d: Dialect, pattern: str) -> str:
+    """A worker's checked pattern as the vendor's ``key_match`` matches the whole key."""
+    return item_sql.sql_pattern(d.vendor, item_sql.pattern_parts(pattern))
 
 
 def _numbered(named: str, prefix: str, values: Sequence[Any], params: dict[str, Any]) -> list[str]:
@@ -41,6 +41,32 @@ def _numbered(named: str, prefix: str, values: Sequence[Any], params: dict[str, 
         params[f"{prefix}{i}"] = value
         holes.append(named.format(f"{prefix}{i}"))
     return holes
+
+
+def _refuse_skipped_rows(d: Dialect, c: Any, dispenser: str, keys: Sequence[str], added: int) -> None:
+    """After MySQL's INSERT IGNORE of ``keys`` (``added`` of them new): raise naming the keys
+    that are not stored, unless every row it skipped was a duplicate key. Each skipped row
+    leaves one warning; any other warning (a row dropped by a failed check, a value
+    changed) or a missing key is an error (issue 37: a payload too deep for MariaDB's JSON
+    was dropped, and put counted 2 of 3)."""
+    c.execute(d.sql["ITEMS_PUT_WARNING_COUNT"])
+    count = int(c.fetchall()[0][0])
+    c.execute(d.sql["ITEMS_PUT_WARNINGS"])
+    listed = [(int(code), str(message)) for _level, code, message in c.fetchall()]
+    others = [f"{code} {message}" for code, message in listed if code != item_sql.MYSQL_DUPLICATE_KEY]
+    skipped = len(keys) - added
+    if not others and count == skipped and count == len(listed):
+        return
+    params: dict[str, Any] = {"dispenser": dispenser}
+    holes = _numbered(d.named_placeholder, "k", keys, params)
+    c.execute(fill(d.sql["ITEMS_BY_KEY"], keys=", ".join(holes)), params)
+    stored = {str(row[0]) for row in c.fetchall()}
+    missing = [key for key in keys if key not in stored]
+    if missing or others or count != skipped:
+        raise ValueError(
+            f"the database did not store items {missing} of {dispenser!r} as given"
+            f" ({count} warnings for {skipped} rows not inserted: {'; '.join(others) or 'duplicates'})"
+        )
 
 
 class ItemOperations:
@@ -95,9 +121,16 @@ class ItemOperations:
             params[f"key{i}"], params[f"payload{i}"] = key, _json(payload)
             holes = {"row_key": named.format(f"key{i}"), "row_payload": d.json_cast.format(named.format(f"payload{i}"))}
             rows.append(fill(d.sql["ITEM_ROW"], **holes))
-        return self._items(
-            "ITEMS_PUT", params, what=f"putting items into {dispenser!r}", holes={"rows": ", ".join(rows)}
-        )
+        sql = fill(d.sql["ITEMS_PUT"], rows=", ".join(rows))
+
+        def put(d: Dialect, c: Any) -> int:
+            c.execute(sql, params)
+            added = int(c.rowcount)
+            if "ITEMS_PUT_WARNINGS" in d.sql:  # MySQL's INSERT IGNORE: only duplicates may be skipped
+                _refuse_skipped_rows(d, c, dispenser, [key for key, _ in items], added)
+            return added
+
+        return run_repeatable(self.alias, put, what=f"putting items into {dispenser!r}")
 
     def requeue_item(self, dispenser: str, key: str, payload: Any) -> int:
         params = {"dispenser": dispenser, "key": key, "payload": _json(payload)}
@@ -144,7 +177,7 @@ class ItemOperations:
         params: dict[str, Any] = {"dispenser": dispenser}
         matching = "1"
         if pattern is not None:
-            params["pattern"] = anchored(pattern)
+            params["pattern"] = vendor_pattern(self.dialect, pattern)
             matching = self.dialect.sql["ITEM_MATCHING"]
         what = f"counting the unfinished items of {dispenser!r}"
         ((total, matched),) = self._select("ITEMS_UNFINISHED", params, what=what, matching=matching)
@@ -166,7 +199,7 @@ class ItemOperations:
             "worker": worker,
             "ttl": d.ttl_param(ttl),
             "max_attempts": max_attempts,
-            "pattern": None if pattern is None else anchored(pattern),
+            "pattern": None if pattern is None else vendor_pattern(d, pattern),
         }
         holes = {"pattern": "", "pattern_r": "", "pattern_plus": ""}
         if pattern is not None:

@@ -7,7 +7,7 @@ while the row is still that live grant of that holder. So a term can be written 
 it is live or while the next one is: once the row has moved two terms on, nothing can add an
 older term, and an observer that read the row first and the log next has everything older
 that will ever be there (``recipes/observing.py``). Terms already written are kept as they
-are (``ON CONFLICT DO NOTHING``; ``INSERT IGNORE`` on MySQL/MariaDB). On PostgreSQL the same
+are (``ON CONFLICT DO NOTHING``; a no-op ``ON DUPLICATE KEY UPDATE`` on MySQL/MariaDB). On PostgreSQL the same
 statement wakes the election's observers (``pg_notify``), and ``TERM_WAKE`` wakes them when a
 leader resigns.
 """
@@ -62,9 +62,12 @@ PG_TERM_RECORD = (
 PG_TERM_WAKE = "SELECT pg_notify({p_channel}, '')"
 POSTGRESQL_TEMPLATES = {**TEMPLATES, "TERM_RECORD": PG_TERM_RECORD, "TERM_WAKE": PG_TERM_WAKE}
 
-# -- MySQL / MariaDB: INSERT IGNORE (a term already written is kept) ------------------------
+# -- MySQL / MariaDB: a term already written is kept (ON DUPLICATE KEY: a no-op) ------------
 
-MYSQL_TERM_RECORD = "INSERT IGNORE INTO " + _COLUMNS[len("INSERT INTO ") :] + _ROWS + " AND fence > 1"
+# Not INSERT IGNORE: IGNORE would turn any other error of a row (a value the column cannot
+# hold) into a warning and write the row changed or not at all (issue 37). Here a duplicate
+# key changes nothing, and anything else fails the statement, writing nothing.
+MYSQL_TERM_RECORD = _COLUMNS + _ROWS + " AND fence > 1 ON DUPLICATE KEY UPDATE {q_leader} = {terms}.{q_leader}"
 MYSQL_TEMPLATES = {**TEMPLATES, "TERM_RECORD": MYSQL_TERM_RECORD}
 
 

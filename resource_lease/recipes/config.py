@@ -14,6 +14,7 @@ import copy
 import json
 import logging
 import math
+import reprlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -38,6 +39,8 @@ logger = logging.getLogger("resource_lease")
 #: The types a key's default may have, by the name stored with the key.
 TYPES: dict[str, type] = {"bool": bool, "int": int, "float": float, "str": str, "list": list, "dict": dict}
 _NAMES = {cls: name for name, cls in TYPES.items()}
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlist, _SHOWN.maxdict = 6, 200, 200, 20, 20
 
 
 def type_name_of(default: Any, name: str) -> str:
@@ -56,7 +59,8 @@ def coerce(type_name: str, value: Any, key: str) -> Any:
     float for a float key; anything else of another type is a ValueError naming the key."""
     expected = TYPES[type_name]
     wrong = ValueError(
-        f"config key {key!r} takes {_article(type_name)} {type_name} (the type of its default), got {value!r}"
+        f"config key {key!r} takes {_article(type_name)} {type_name} (the type of its default),"
+        f" got {_SHOWN.repr(value)}"  # a short repr: a value nested too deep has no full one
     )
     if type_name in ("int", "float") and isinstance(value, bool):
         raise wrong  # a bool is an int to Python, never a number here

@@ -17,6 +17,7 @@ from django.db.models import Count, Q
 
 from resource_lease.conf import lease_settings
 from resource_lease.db import DbNow
+from resource_lease.db import dispenser as item_sql
 from resource_lease.db.connections import database_errors
 from resource_lease.db.operations import ops
 from resource_lease.doorbell import Doorbell
@@ -55,6 +56,17 @@ def check_key(value: Any, name: str = "key") -> str:
     return check_text(value, name)
 
 
+def check_file_key(value: Any, name: str = "key") -> str:
+    """A key that is one plain file name, as a ``FolderWorker``'s keys must be (its task
+    file is ``<key>.<extension>`` in its folder): a key (``check_key``) with no ``/`` or
+    ``\\`` and not ``.`` or ``..``, so that no key names a file outside the folder
+    (``manage.py enqueue --file-names`` refuses the others)."""
+    key = check_key(value, name)
+    if key in (".", "..") or "/" in key or "\\" in key:
+        raise ValueError(f"{name} must be one plain file name (no '/', '\\', '.' or '..'), got {key!r}")
+    return key
+
+
 def check_count(value: Any, name: str, *, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
@@ -62,17 +74,32 @@ def check_count(value: Any, name: str, *, minimum: int = 1) -> int:
 
 
 def check_pattern(value: Any, name: str = "pattern") -> str | None:
+    """A worker's pattern (None: every key): the portable subset of Python's regular
+    expressions that every database matches alike, checked before anything is sent
+    (``db.dispenser.pattern_parts``: literal text, ``.``, ``.*``, ``.+``, ``\\`` before a
+    character to take it literally; matched against the whole key, ``.`` matching a newline
+    too). ``ValueError`` naming ``name`` for anything else."""
     if value is None:
         return None
-    import re
-
     if not isinstance(value, str):
-        raise ValueError(f"{name} must be a regular expression string or None, got {value!r}")
+        raise ValueError(f"{name} must be a pattern string or None, got {value!r}")
+    if len(value) > item_sql.MAX_PATTERN:
+        raise ValueError(f"{name} must be at most {item_sql.MAX_PATTERN} characters, got {len(value)}")
+    check_text(value, name)
     try:
-        re.compile(value)
-    except re.error as exc:
-        raise ValueError(f"{name} is not a valid regular expression: {exc}") from None
-    return check_text(value, name)
+        item_sql.pattern_parts(value)
+    except ValueError as exc:
+        raise ValueError(
+            f"{name} {value!r} is not in the portable pattern language (literal text, '.', '.*', '.+', and"
+            f" '\\' before a character to take it literally; the whole key is matched): {exc}"
+        ) from None
+    return value
+
+
+def key_matches(pattern: str | None, key: str) -> bool:
+    """Whether a checked ``pattern`` matches the whole ``key``, as the databases judge it
+    (None matches every key)."""
+    return pattern is None or item_sql.pattern_matches(item_sql.pattern_parts(pattern), key)
 
 
 def _chunks(seq: Sequence[Any], size: int = CHUNK) -> Iterable[Sequence[Any]]:
@@ -188,8 +215,9 @@ class Dispenser:
         ``limit`` (pending items oldest first, then items whose claim expired).
 
         Every returned item is claimed afresh: a new fence, the claim renewed for ``ttl``.
-        Own items beyond ``limit`` go back to the pool. ``pattern`` (a regular expression,
-        matched against the whole key by the database) restricts which new items are taken.
+        Own items beyond ``limit`` go back to the pool. ``pattern`` (``check_pattern``: the
+        portable subset of regular expressions, matched against the whole key by the
+        database) restricts which new items are taken.
         """
         worker = check_name(worker, "worker")
         limit = check_count(limit, "limit")

@@ -26,7 +26,15 @@ from resource_lease.conf import lease_settings
 from resource_lease.db.connections import close_connections
 from resource_lease.exceptions import LeaseError
 from resource_lease.lease import default_holder, safety_margin
-from resource_lease.recipes.dispenser import Dispenser, WorkItem, check_count, check_key, check_pattern
+from resource_lease.recipes.dispenser import (
+    Dispenser,
+    WorkItem,
+    check_count,
+    check_file_key,
+    check_key,
+    check_pattern,
+    key_matches,
+)
 from resource_lease.renewal import renew_once, renewer
 from resource_lease.validation import check_name, check_seconds, resolve_ttl
 
@@ -52,8 +60,9 @@ class Worker:
     """The hand-written WorkerBase's shape: one of several equal workers draining a dispenser.
 
     Subclasses set ``dispenser`` (its name), and may set ``batch``, ``ttl``, ``pattern``
-    (``re.fullmatch`` of the keys this worker takes), ``max_attempts`` and ``poll``, and
-    implement ``do_work(key, payload)``: True when done; False or an exception when failed.
+    (the keys this worker takes: ``Dispenser.assign``'s pattern, a full match of the key),
+    ``max_attempts`` and ``poll``, and implement ``do_work(key, payload)``: True when done;
+    False or an exception when failed.
     """
 
     dispenser: str = ""
@@ -362,17 +371,29 @@ class FolderWorker(Worker):
         return check_name(self.dispenser or str(self.path)[-200:], "dispenser")
 
     def task_path(self, key: str, suffix: str | None = None) -> Path:
-        return self.path / f"{key}.{self.extension if suffix is None else suffix}"
+        """``<key>.<extension>`` (or ``<key>.<suffix>``) in the folder. ``ValueError`` naming
+        the key unless it is one plain file name (``check_file_key``: anyone who can put
+        keys into the dispenser could put ``../outside`` or ``/abs/path``) and the path,
+        resolved, is a file of the folder itself, not a symbolic link to anywhere."""
+        key = check_file_key(key)
+        path = self.path / f"{key}.{self.extension if suffix is None else suffix}"
+        if path.is_symlink() or path.resolve().parent != self.path:
+            raise ValueError(f"key {key!r}: {path.name!r} is a symbolic link or resolves outside {str(self.path)!r}")
+        return path
 
     def before_batch(self) -> None:
         """Put the folder's new task files; tidy files whose item is finished already (a
         worker died between its outcome and the rename, or the claim expired for good)."""
-        keys = sorted(p.name[: -len(self.extension) - 1] for p in self.path.glob(f"*.{self.extension}") if p.is_file())
+        keys = sorted(
+            p.name[: -len(self.extension) - 1]
+            for p in self.path.glob(f"*.{self.extension}")
+            if p.is_file() or p.is_symlink()  # a link is refused below, by name
+        )
         new = []
         for key in keys:
             if key in self._known or key in self._unusable:
                 continue
-            if self.pattern is not None and not re.fullmatch(self.pattern, key):
+            if not key_matches(self.pattern, key):
                 # Not this worker's task: it is never put, so it never counts as work
                 # left for this worker (a worker whose pattern matches it puts it).
                 self._unusable.add(key)
@@ -385,6 +406,7 @@ class FolderWorker(Worker):
                 )
                 continue
             try:
+                self.task_path(key)  # a symbolic link is no task: never followed out of the folder
                 new.append(check_key(key))
             except ValueError as exc:  # e.g. a name longer than a key may be
                 self._unusable.add(key)
@@ -398,9 +420,20 @@ class FolderWorker(Worker):
                 self._rename(key, "finish" if state == "done" else "error")
 
     def load(self, item: WorkItem) -> Any:
-        return self.task_path(item.key).read_text()
+        # O_NOFOLLOW: a task file swapped for a link after task_path's check is not read.
+        fd = os.open(self.task_path(item.key), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with open(fd) as file:  # the default encoding, as Path.read_text
+            return file.read()
 
     def _one(self, item: WorkItem) -> None:
+        try:
+            self.task_path(item.key)
+        except ValueError as exc:
+            # Put by someone else (enqueue, another service): no file of this folder. Failed
+            # by name, and no file anywhere is read or renamed.
+            self.queue.fail(self.name, [item], f"not a task file of this folder: {exc}")
+            logger.error("worker %s: refusing item %r: %s", self.name, item.key, exc)
+            return
         if not self.task_path(item.key).exists():
             # Renamed by the worker that finished it, or removed by hand.
             self.queue.fail(self.name, [item], "the task file is gone")
@@ -419,3 +452,5 @@ class FolderWorker(Worker):
             os.replace(self.task_path(key), self.task_path(key, suffix))
         except FileNotFoundError:
             pass  # another worker tidied it first
+        except ValueError as exc:  # a link, or a key that is no file name: left alone
+            logger.error("worker %s: not renaming the task file of %r: %s", self.name, key, exc)

@@ -20,7 +20,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command, get_commands
 
-from resource_lease import acquire, pool
+from resource_lease import Config, Dispenser, Group, acquire, notify, pool
 from resource_lease.models import Resource
 from resource_lease.validation import MAX_SECONDS
 from tests.faults.harness import table_snapshot
@@ -71,7 +71,21 @@ CASES: list[Case] = [
     ("counts queryset=list", "queryset", lambda rows: pool.counts(rows)),  # type: ignore[arg-type]
     ("with_state queryset=None", "queryset", lambda rows: pool.with_state(None)),  # type: ignore[arg-type]
     ("database_now using='nope'", "using", lambda rows: pool.database_now("nope")),
+    # the one JSON rule (issue 37): too deep for MariaDB, keys JSON would turn into text, -0.0
+    ("notify payload 31 deep", "payload", lambda rows: notify("bad", payload=_deep(31))),
+    ("notify payload 3000 deep", "payload", lambda rows: notify("bad", payload=_deep(3000))),
+    ("Dispenser.put a None key inside", "items['k']", lambda rows: Dispenser("bad").put({"k": {"a": {None: 1}}})),
+    ("Group data with -0.0", "data", lambda rows: Group("bad", member="m", data={"x": -0.0})),
+    ("Config.set an int key", "config key 'd'", lambda rows: Config("bad", defaults={"d": {}}).set("d", {1: 2})),
+    ("acquire where key '-a'", "where", lambda rows: acquire("bad", ttl=5, where={"-a": 1})),
 ]
+
+
+def _deep(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
 
 
 def _held(rows: list[Resource]) -> Any:

@@ -2,6 +2,8 @@
 
 Each line is a key, optionally followed by whitespace and a JSON payload; blank lines and
 lines starting with ``#`` are skipped. A bad line stops everything before anything is written.
+``--file-names``: every key must be one plain file name (no ``/``, ``\\``, ``.`` or ``..``),
+as a ``FolderWorker``'s keys are (it refuses the others when it claims them).
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from django.core.management.base import CommandError, CommandParser
 
 from resource_lease.management.commands._arguments import database_argument
 from resource_lease.management.commands._base import LeaseCommand
-from resource_lease.recipes.dispenser import Dispenser, check_key
-from resource_lease.validation import check_json, check_name
+from resource_lease.recipes.dispenser import Dispenser, check_file_key, check_key
+from resource_lease.validation import MAX_JSON_DEPTH, check_json, check_name
 
 
 class Command(LeaseCommand):
@@ -30,9 +32,23 @@ class Command(LeaseCommand):
             action="store_true",
             help="make the pending pool exactly these items (assigned items stay with their workers)",
         )
+        parser.add_argument(
+            "--file-names",
+            action="store_true",
+            help="refuse keys that are not one plain file name (the dispenser of a FolderWorker)",
+        )
         parser.add_argument("--database", type=database_argument, default=None, help="database alias")
 
-    def handle(self, *args: Any, name: str, file: str, recreate: bool, database: str | None, **options: Any) -> None:
+    def handle(
+        self,
+        *args: Any,
+        name: str,
+        file: str,
+        recreate: bool,
+        file_names: bool,
+        database: str | None,
+        **options: Any,
+    ) -> None:
         try:
             name = check_name(name, "name")
         except ValueError as exc:
@@ -45,18 +61,24 @@ class Command(LeaseCommand):
             except (OSError, UnicodeDecodeError) as exc:
                 raise CommandError(f"cannot read {file}: {exc}") from None
         items: dict[str, Any] = {}
-        for number, line in enumerate(text.splitlines(), start=1):
+        # Lines end at \n (and \r\n) only: splitlines() also splits at \x85 or \u2028, which a
+        # JSON payload may hold as they are.
+        for number, line in enumerate(text.split("\n"), start=1):
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
             key, *more = line.split(None, 1)
             rest = more[0] if more else ""
             try:
-                check_key(key)
+                (check_file_key if file_names else check_key)(key)
                 payload = json.loads(rest) if rest else None
                 check_json(payload, "payload")
             except (ValueError, json.JSONDecodeError) as exc:
                 raise CommandError(f"line {number}: {exc}") from None
+            except RecursionError:  # json.loads of lists nested thousands deep
+                raise CommandError(
+                    f"line {number}: payload must not nest lists and dicts more than {MAX_JSON_DEPTH} deep"
+                ) from None
             if key in items:
                 raise CommandError(f"line {number}: key {key!r} appears twice")
             items[key] = payload

@@ -24,6 +24,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from resource_lease.management.commands._seeding import Progress, SeedCommand
 from resource_lease.seeding import Entry, SeedList
+from resource_lease.validation import MAX_JSON_DEPTH
 
 FORMATS = ("json", "csv")
 _TRUE = {"true", "yes", "1", "y", "t"}
@@ -75,6 +76,11 @@ def read_json(text: str, label: str) -> SeedList:
     except json.JSONDecodeError as exc:
         raise CommandError(
             f"{label}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}; nothing was written"
+        ) from None
+    except RecursionError:  # json.loads of lists and dicts nested thousands deep
+        raise CommandError(
+            f"{label}: JSON nested too deep (data may nest lists and dicts at most {MAX_JSON_DEPTH} deep);"
+            " nothing was written"
         ) from None
     seed = SeedList()
     if isinstance(document, dict):
@@ -159,6 +165,9 @@ def _csv_entry(cells: dict[str, str], where: str, seed: SeedList) -> Entry | Non
                 data[column.removesuffix(":json")] = json.loads(cell)
             except json.JSONDecodeError as exc:
                 seed.error(where, f"column {column}: not valid JSON ({exc.msg}): {cell[:60]!r}")
+                return None
+            except RecursionError:
+                seed.error(where, f"column {column}: JSON nested more than {MAX_JSON_DEPTH} deep")
                 return None
         else:
             data[column] = cell
