@@ -50,6 +50,41 @@ def child_main() -> int:
     return 0
 
 
+def mp_child() -> None:
+    """A child of ``multiprocessing`` (``--start-method``): set up Django unless inherited."""
+    from django.apps import apps
+
+    if not apps.ready:
+        from tests.procs import setup
+
+        setup()
+    sys.exit(child_main())
+
+
+def by_multiprocessing(method: str, children: int, deadline: float) -> dict[str, Any]:
+    """Start ``children`` children one after another with ``multiprocessing``'s ``method``."""
+    import multiprocessing
+
+    context = multiprocessing.get_context(method)
+    hung = raised = ok = 0
+    errors: list[str] = []
+    for _ in range(children):
+        child = context.Process(target=mp_child)
+        child.start()
+        child.join(deadline)
+        if child.is_alive():
+            child.kill()
+            child.join()
+            hung += 1
+        elif child.exitcode == 0:
+            ok += 1
+        elif child.exitcode == 3:
+            raised += 1
+        else:
+            errors.append(f"child {child.pid}: exit code {child.exitcode}")
+    return {"total": children, "hung": hung, "raised": raised, "ok": ok, "errors": errors, "first_hung_at": None}
+
+
 def busy_parent(args: argparse.Namespace, stop: threading.Event) -> list[Any]:
     """Start the parent's background work; what must stay referenced while it runs."""
     from resource_lease import Config, lock, semaphore
@@ -101,6 +136,7 @@ def main() -> None:
     parser.add_argument("--poll", type=float, default=0.05)
     parser.add_argument("--until-hung", action="store_true")
     parser.add_argument("--no-gate", action="store_true")
+    parser.add_argument("--start-method", choices=["os.fork", "fork", "forkserver", "spawn"], default="os.fork")
     args = parser.parse_args()
 
     from tests.procs import setup
@@ -117,6 +153,11 @@ def main() -> None:
 
     stop = threading.Event()
     kept = busy_parent(args, stop)
+    if args.start_method != "os.fork":
+        summary = by_multiprocessing(args.start_method, args.children, args.deadline)
+        sys.stdout.write(json.dumps(summary) + "\n")
+        sys.stdout.flush()
+        os._exit(0)
 
     running: dict[int, float] = {}  # pid -> deadline
     total = hung = raised = ok = 0
