@@ -46,48 +46,54 @@ class ForkGate:
 
     def __init__(self) -> None:
         self._enabled = True
-        self._depth = threading.local()  # this thread's nesting of inside()
-        self._fresh()
+        self._fresh({})
 
-    def _fresh(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._inside = 0  # threads inside now
+    def _fresh(self, depth: dict[int, int]) -> None:
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._depth = depth  # thread ident -> its nesting of inside(), for threads inside
+        self._inside = len(depth)  # threads inside now
         self._forking = 0  # forks under way (threads that fork at once each close the gate)
         self._forkers: set[int] = set()  # their threads (their own before hooks never wait)
 
-    def inside(self) -> _Inside:
-        """A context manager: this thread uses the database (or holds a library lock) inside
-        it; a fork waits until it has left."""
-        return _Inside(self)
+    def inside(self) -> ForkGate:
+        """A context manager: this thread uses the database inside it; a fork waits until it
+        has left (it may be entered again inside)."""
+        return self
 
-    def enter(self) -> None:
-        depth = getattr(self._depth, "n", 0)
-        if depth == 0:
-            with self._cond:
-                while self._forking and threading.get_ident() not in self._forkers:
+    def __enter__(self) -> None:
+        ident = threading.get_ident()
+        depth = self._depth.get(ident, 0)
+        if not depth:
+            with self._lock:
+                while self._forking and ident not in self._forkers:
                     self._cond.wait()
                 self._inside += 1
-        self._depth.n = depth + 1
+        self._depth[ident] = depth + 1
 
-    def leave(self) -> None:
-        depth = self._depth.n - 1
-        self._depth.n = depth
-        if depth == 0:
-            with self._cond:
-                self._inside -= 1
-                if self._forking and self._inside <= 1:
-                    self._cond.notify_all()
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        ident = threading.get_ident()
+        depth = self._depth[ident] - 1
+        if depth:
+            self._depth[ident] = depth
+            return
+        del self._depth[ident]
+        with self._lock:
+            self._inside -= 1
+            if self._forking and self._inside <= 1:
+                self._cond.notify_all()
 
     def close(self, timeout: float) -> bool:
         """Before a fork: let no thread in, and wait up to ``timeout`` seconds until none but
         the calling one is inside; whether that happened (if not, it is logged)."""
         if not self._enabled:
             return True
-        mine = 1 if getattr(self._depth, "n", 0) else 0
+        ident = threading.get_ident()
+        mine = 1 if self._depth.get(ident) else 0
         deadline = time.monotonic() + timeout
-        with self._cond:
+        with self._lock:
             self._forking += 1
-            self._forkers.add(threading.get_ident())
+            self._forkers.add(ident)
             while self._inside > mine:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -103,34 +109,23 @@ class ForkGate:
 
     def open(self) -> None:
         """After a fork, in the parent: let the waiting threads in."""
-        with self._cond:
-            if threading.get_ident() in self._forkers:  # not when the gate was disabled
+        ident = threading.get_ident()
+        with self._lock:
+            if ident in self._forkers:  # not when the gate was disabled
                 self._forking -= 1
-                self._forkers.discard(threading.get_ident())
+                self._forkers.discard(ident)
                 self._cond.notify_all()
 
     def reset_in_child(self) -> None:
-        """After a fork, in the child: the other threads are gone, and so is what they held."""
-        self._fresh()
-        if getattr(self._depth, "n", 0):
-            self._inside = 1  # the forking thread was inside: it leaves later
+        """After a fork, in the child: the other threads are gone, and so is what they held;
+        the forking thread, if it was inside, leaves later."""
+        ident = threading.get_ident()
+        depth = self._depth.get(ident, 0)
+        self._fresh({ident: depth} if depth else {})
 
     def disable(self) -> None:
-        """Forks no longer wait (a negative control: tests/test_fork.py)."""
+        """Forks no longer wait (a negative control: tests/test_fork_safety.py)."""
         self._enabled = False
-
-
-class _Inside:
-    __slots__ = ("_gate",)
-
-    def __init__(self, gate: ForkGate) -> None:
-        self._gate = gate
-
-    def __enter__(self) -> None:
-        self._gate.enter()
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self._gate.leave()
 
 
 #: The process's fork gate.

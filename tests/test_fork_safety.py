@@ -163,28 +163,23 @@ def test_threads_that_fork_at_once_each_wait_and_the_gate_opens_after_both() -> 
 
 
 def storm(spawn_worker: Callable[..., subprocess.Popen[str]], *args: str, timeout: float = 600) -> dict[str, Any]:
-    """Run tests/procs/fork_storm.py; its summary (total, hung, raised, ok, errors, first_hung_at)."""
+    """Run tests/procs/fork_storm.py; its summary, with ``"said"``: what its children said
+    on stderr (a child's error)."""
     proc = spawn_worker("tests.procs.fork_storm", *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = proc.communicate(timeout=timeout)
     lines = [line for line in out.splitlines() if line.startswith("{")]
     assert proc.returncode == 0 and lines, f"fork_storm failed ({proc.returncode}):\n{err[-4000:]}"
     summary: dict[str, Any] = json.loads(lines[-1])
     print(f"fork_storm {' '.join(args)} on {connection.vendor}: {summary}")
+    summary["said"] = [line for line in err.splitlines() if line.startswith("child ")][:20]
     return summary
 
 
 @pytest.mark.django_db(transaction=True)
 def test_children_forked_from_a_busy_parent_all_finish(spawn_worker: Callable[..., subprocess.Popen[str]]) -> None:
     summary = storm(spawn_worker, "--children", str(CHILDREN), "--at-once", "4", "--deadline", str(DEADLINE))
-    assert summary["hung"] == 0, f"{summary['hung']} of {summary['total']} children hung"
-    assert summary == {
-        "total": CHILDREN,
-        "hung": 0,
-        "raised": 0,
-        "ok": CHILDREN,
-        "errors": [],
-        "first_hung_at": None,
-    }
+    assert summary["hung"] == 0, f"{summary['hung']} of {summary['total']} children hung: {summary}"
+    assert (summary["total"], summary["ok"], summary["errors"]) == (CHILDREN, CHILDREN, []), summary
 
 
 @pytest.mark.django_db(transaction=True)
@@ -192,7 +187,7 @@ def test_negative_control_without_the_gate_a_child_hangs_on_sqlite(
     spawn_worker: Callable[..., subprocess.Popen[str]],
 ) -> None:
     """The same children, the gate disabled: forking goes on until one hangs (on SQLite,
-    about one child in 20 to 40 in our runs), at most ``CONTROL_CAP``."""
+    2 to 5 children in 100 in our runs), at most ``CONTROL_CAP``."""
     if connection.vendor != "sqlite":
         pytest.skip("without the gate, children hang on SQLite (its in-process locks); none were seen on servers")
     summary = storm(
@@ -206,7 +201,7 @@ def test_negative_control_without_the_gate_a_child_hangs_on_sqlite(
         "--until-hung",
         "--no-gate",
     )
-    assert summary["hung"] >= 1, f"no child hung in {summary['total']} without the gate"
+    assert summary["hung"] >= 1, f"no child hung in {summary['total']} without the gate: {summary}"
 
 
 @pytest.mark.django_db(transaction=True)
@@ -217,4 +212,4 @@ def test_a_child_of_each_multiprocessing_start_method_uses_the_library(
     """forkserver and spawn children inherit nothing of the busy parent (a new interpreter);
     fork's go through the gate."""
     summary = storm(spawn_worker, "--children", "2", "--start-method", method, "--deadline", "90")
-    assert summary == {"total": 2, "hung": 0, "raised": 0, "ok": 2, "errors": [], "first_hung_at": None}
+    assert (summary["total"], summary["hung"], summary["ok"], summary["errors"]) == (2, 0, 2, []), summary

@@ -19,11 +19,15 @@ takes and releases one slot of another semaphore with ``timeout=2`` and exits wi
 has not exited ``S`` seconds after its fork is killed with SIGKILL and counted as hung (it
 hangs for ever: a lock held at the fork by a thread that the child does not have).
 
-``--until-hung``: stop forking at the first hung child (a negative control's run, which
-reports how many children it took). ``--no-gate``: the fork gate disabled
-(``resource_lease.forking.fork_gate.disable()``), a negative control.
+``--until-hung``: stop forking once a hung child is found (a negative control's run).
+``--no-gate``: the fork gate disabled (``resource_lease.forking.fork_gate.disable()``), a
+negative control. ``--start-method fork|forkserver|spawn``: ``N`` children of
+``multiprocessing``, one after another, instead. ``FORK_STORM_GDB=1``: each hung child's C
+stack (gdb) on stderr before it is killed.
 
-Prints one JSON line: ``{"total", "hung", "raised", "ok", "errors", "first_hung_at"}``.
+Prints one JSON line: ``{"total", "hung", "raised", "ok", "errors"}``, and with ``os.fork``
+``"hung_children"`` (their numbers in fork order) and ``"found_after"`` (children forked when
+the first hung one was found). A child's error (exit code 3) is on stderr.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -82,7 +87,7 @@ def by_multiprocessing(method: str, children: int, deadline: float) -> dict[str,
             raised += 1
         else:
             errors.append(f"child {child.pid}: exit code {child.exitcode}")
-    return {"total": children, "hung": hung, "raised": raised, "ok": ok, "errors": errors, "first_hung_at": None}
+    return {"total": children, "hung": hung, "raised": raised, "ok": ok, "errors": errors}
 
 
 def busy_parent(args: argparse.Namespace, stop: threading.Event) -> list[Any]:
@@ -159,47 +164,41 @@ def main() -> None:
         sys.stdout.flush()
         os._exit(0)
 
-    running: dict[int, float] = {}  # pid -> deadline
-    total = hung = raised = ok = 0
+    running: dict[int, tuple[int, float]] = {}  # pid -> (its number, its deadline; -1: killed)
+    total = raised = ok = 0
+    hung: list[int] = []  # the numbers (1-based, in fork order) of the children that hung
     errors: list[str] = []
-    first_hung_at: int | None = None
+    found_after: int | None = None  # children forked when the first hung one was found
 
-    def reap(block: bool) -> None:
-        nonlocal hung, raised, ok, first_hung_at
+    def reap() -> None:
+        nonlocal raised, ok, found_after
         while running:
-            pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
-            deadline = running.pop(pid, None)
-            if deadline is None:
-                continue
-            if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL and deadline < 0:
-                hung += 1
+            number, deadline = running.pop(pid)
+            if deadline < 0:
+                hung.append(number)
             elif os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
                 ok += 1
             elif os.WIFEXITED(status) and os.WEXITSTATUS(status) == 3:
                 raised += 1
             else:
-                errors.append(f"child {pid}: status {status}")
-            block = False
+                errors.append(f"child {number} (pid {pid}): wait status {status}")
         now = time.monotonic()
-        for pid, deadline in list(running.items()):
+        for pid, (number, deadline) in list(running.items()):
             if 0 <= deadline < now:
-                if os.environ.get("FORK_STORM_GDB"):
-                    import subprocess
-
-                    subprocess.run(
-                        ["gdb", "-p", str(pid), "-batch", "-ex", "bt"], stdout=sys.stderr, stderr=subprocess.DEVNULL
-                    )
+                if os.environ.get("FORK_STORM_GDB"):  # where it hangs, on stderr
+                    subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "bt"], stdout=sys.stderr, check=False)
                 os.kill(pid, signal.SIGKILL)
-                running[pid] = -1.0  # killed: counted as hung when reaped
-                if first_hung_at is None:
-                    first_hung_at = total
+                running[pid] = (number, -1.0)
+                if found_after is None:
+                    found_after = total
 
-    while total < args.children and not (args.until_hung and first_hung_at is not None):
+    while total < args.children and not (args.until_hung and found_after is not None):
         while len(running) >= args.at_once:
             time.sleep(0.01)
-            reap(block=False)
+            reap()
         pid = os.fork()
         if pid == 0:
             code = 1
@@ -209,19 +208,20 @@ def main() -> None:
                 sys.stderr.flush()
                 os._exit(code)
         total += 1
-        running[pid] = time.monotonic() + args.deadline
-        reap(block=False)
+        running[pid] = (total, time.monotonic() + args.deadline)
+        reap()
     while running:
         time.sleep(0.05)
-        reap(block=False)
+        reap()
     stop.set()
     summary = {
         "total": total,
-        "hung": hung,
+        "hung": len(hung),
         "raised": raised,
         "ok": ok,
         "errors": errors,
-        "first_hung_at": first_hung_at,
+        "hung_children": sorted(hung),
+        "found_after": found_after,
     }
     sys.stdout.write(json.dumps(summary) + "\n")
     sys.stdout.flush()
