@@ -597,6 +597,8 @@ def test_a_warm_shutdown_releases_the_leases_of_the_tasks_it_finishes(
 
 #: Tasks, each run by a pool child of its own (``--max-tasks-per-child 1``): one fork each.
 FORK_TASKS = 12 if SHORT else 30
+#: The negative control sends tasks until a pool child hangs, at most this many.
+FORK_CONTROL_CAP = 400
 
 
 def fork_evidence(directory: Path) -> tuple[set[str], dict[str, str]]:
@@ -604,6 +606,23 @@ def fork_evidence(directory: Path) -> tuple[set[str], dict[str, str]]:
     forked = {path.name.removeprefix("forked-") for path in directory.glob("forked-*")}
     done = {path.name.removeprefix("done-"): path.read_text() for path in directory.glob("done-*")}
     return forked, done
+
+
+def fork_worker(celery_worker: Callable[..., Worker], evidence: Path, *, gate: bool) -> Worker:
+    """A prefork worker of tests/procs/celery_fork.py: a pool child per task, each taking a
+    lease right after its fork from a busy main process (``gate=False``: the fork gate off)."""
+    env = {"RESOURCE_LEASE_TEST_FORK_DIR": str(evidence)}
+    if not gate:
+        env["RESOURCE_LEASE_TEST_NO_FORK_GATE"] = "1"
+    worker = celery_worker(
+        pool="prefork",
+        concurrency=4,
+        include="tests.procs.celery_tasks,tests.procs.celery_fork",
+        extra=("--max-tasks-per-child", "1"),
+        env=env,
+    )
+    worker.wait_ready()
+    return worker
 
 
 def test_prefork_children_of_a_busy_worker_take_a_lease_right_after_the_fork(
@@ -614,14 +633,7 @@ def test_prefork_children_of_a_busy_worker_take_a_lease_right_after_the_fork(
     ``worker_process_init``, right after the fork, and none hangs there."""
     evidence = tmp_path / "forks"
     evidence.mkdir()
-    worker = celery_worker(
-        pool="prefork",
-        concurrency=4,
-        include="tests.procs.celery_tasks,tests.procs.celery_fork",
-        extra=("--max-tasks-per-child", "1"),
-        env={"RESOURCE_LEASE_TEST_FORK_DIR": str(evidence)},
-    )
-    worker.wait_ready()
+    worker = fork_worker(celery_worker, evidence, gate=True)
     results = [send(broker, worker, "fork_probe") for _ in range(FORK_TASKS)]
     ran_in = {str(result.get(timeout=120)) for result in results}
 
@@ -641,3 +653,29 @@ def test_prefork_children_of_a_busy_worker_take_a_lease_right_after_the_fork(
     assert set(done.values()) == {"ok"}, done
     assert "Timed out waiting for UP message" not in worker.text()
     worker.kill()
+
+
+def test_negative_control_without_the_fork_gate_a_prefork_child_hangs_on_sqlite(
+    transactional_db: None, vendor: str, celery_worker: Callable[..., Worker], broker: Celery, tmp_path: Path
+) -> None:
+    """The same worker with the gate off: tasks are sent, four at a time, until a pool child
+    has hung in its first lease for 20 s (on SQLite, about 4 children in 100 in our runs), at
+    most ``FORK_CONTROL_CAP`` tasks."""
+    if vendor != "sqlite":
+        pytest.skip("without the gate, children hang on SQLite (its in-process locks); none were seen on servers")
+    evidence = tmp_path / "forks"
+    evidence.mkdir()
+    worker = fork_worker(celery_worker, evidence, gate=False)
+    sent = 0
+    hung: set[str] = set()
+    while sent < FORK_CONTROL_CAP and not hung:
+        results = [send(broker, worker, "fork_probe") for _ in range(4)]
+        sent += len(results)
+        for result in results:
+            result.get(timeout=180)
+        forked, done = fork_evidence(evidence)
+        now = time.time()
+        hung = {pid for pid in forked - set(done) if now - (evidence / f"forked-{pid}").stat().st_mtime > 20}
+    print(f"celery prefork without the gate: {len(hung)} pool children hung after {sent} tasks")
+    worker.kill()
+    assert hung, f"no pool child hung in {sent} tasks without the gate"
