@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from resource_lease import forking
+from resource_lease import forking, named
 from resource_lease.forking import fork_gate
 from tests.short_mode import SHORT
 
@@ -38,8 +38,8 @@ DEADLINE = 20.0
 
 
 def child_status(pid: int) -> int:
-    """The forked child's exit code (it is killed if it has not exited after 30 s)."""
-    deadline = time.monotonic() + 30
+    """The forked child's exit code (-9: it had not exited after ``DEADLINE`` s, and was killed)."""
+    deadline = time.monotonic() + DEADLINE
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
@@ -157,6 +157,53 @@ def test_threads_that_fork_at_once_each_wait_and_the_gate_opens_after_both() -> 
     again = InsideThread(hold=0.0)  # the gate is open again
     again.end()
     assert again.left.is_set()
+
+
+# -- locks other threads hold at the fork --------------------------------------------------
+
+
+def fork_while_a_thread_holds(lock: Any) -> int:
+    """Fork while another thread holds ``lock``; the child takes and releases a semaphore
+    slot (``timeout=2``); its exit code (-9: it hung, and was killed)."""
+    from resource_lease import semaphore
+
+    holding = threading.Event()
+    done = threading.Event()
+
+    def hold() -> None:
+        with lock:
+            holding.set()
+            done.wait(60)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert holding.wait(10)
+    try:
+
+        def child() -> bool:
+            with semaphore("fork-held-lock", 4, ttl=10, timeout=2, auto_renew=False):
+                pass
+            return True
+
+        return fork_and_check(child)
+    finally:
+        done.set()
+        holder.join(10)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_known_rows_lock_another_thread_held_at_the_fork_is_new_in_the_child() -> None:
+    """Every named lease takes ``named._known_lock`` briefly, in any thread (a user's too,
+    which the gate does not hold back)."""
+    assert fork_while_a_thread_holds(named._known_lock) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_negative_control_a_lock_not_renewed_in_the_child_hangs_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    hooks = [hook for hook in forking._after_in_child if hook != named._after_fork_in_child]
+    assert len(hooks) == len(forking._after_in_child) - 1
+    monkeypatch.setattr(forking, "_after_in_child", hooks)
+    assert fork_while_a_thread_holds(named._known_lock) == -9
 
 
 # -- children of a busy parent ------------------------------------------------------------
