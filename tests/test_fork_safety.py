@@ -4,7 +4,9 @@
 The fork gate (``resource_lease.forking``): a fork waits until the keeper's step, the
 LISTEN thread's and the audit writer's database calls and every lease statement of other
 threads have ended, at most ``FORK_WAIT`` seconds (logged when it gives up), and not for the
-forking thread itself. Then many children forked from a busy parent (tests/procs/fork_storm.py)
+forking thread itself. A lock of the library's that any thread takes briefly is new in the
+child (the control: not renewed, a child forked while another thread held it hangs). Then
+many children forked from a busy parent (tests/procs/fork_storm.py)
 each use the library at once and all finish; without the gate (the negative control) one
 hangs on SQLite, inside SQLite's own locks. Children of ``multiprocessing``'s fork, forkserver
 and spawn start methods use the library too (the Celery prefork pool: tests/test_celery.py).
