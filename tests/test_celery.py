@@ -637,16 +637,19 @@ def test_prefork_children_of_a_busy_worker_take_a_lease_right_after_the_fork(
     results = [send(broker, worker, "fork_probe") for _ in range(FORK_TASKS)]
     ran_in = {str(result.get(timeout=120)) for result in results}
 
+    seen: dict[str, Any] = {}
+
     def settled() -> bool:
-        forked, done = fork_evidence(evidence)
-        return forked == set(done)
+        # The pool goes on forking replacements: judge one reading, not a later one.
+        seen["forked"], seen["done"] = fork_evidence(evidence)
+        return bool(seen["forked"] == set(seen["done"]))
 
     settled_in_time = True
     try:
         wait_for(settled, 60, "every forked pool child to finish its lease")
     except AssertionError:
         settled_in_time = False
-    forked, done = fork_evidence(evidence)
+    forked, done = seen["forked"], seen["done"]
     print(f"celery prefork: {len(forked)} children forked, {len(forked - set(done))} hung")
     assert settled_in_time, f"{len(forked - set(done))} of {len(forked)} pool children hung in their first lease"
     assert len(ran_in) == FORK_TASKS and ran_in <= forked

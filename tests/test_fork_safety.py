@@ -37,11 +37,16 @@ CONTROL_CAP = 2000
 #: Seconds a child may take for one semaphore grant with ``timeout=2`` before it is killed and
 #: counted as hung (it hangs for ever: a lock that no thread of the child will release).
 DEADLINE = 20.0
+#: Seconds a child forked from this process may take for it (one semaphore grant, or none).
+CHILD_DEADLINE = 10.0
+#: Children of each ``multiprocessing`` start method.
+MP_CHILDREN = 1 if SHORT else 2
 
 
 def child_status(pid: int) -> int:
-    """The forked child's exit code (-9: it had not exited after ``DEADLINE`` s, and was killed)."""
-    deadline = time.monotonic() + DEADLINE
+    """The forked child's exit code (-9: it had not exited after ``CHILD_DEADLINE`` s, and was
+    killed)."""
+    deadline = time.monotonic() + CHILD_DEADLINE
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
@@ -260,5 +265,6 @@ def test_a_child_of_each_multiprocessing_start_method_uses_the_library(
 ) -> None:
     """forkserver and spawn children inherit nothing of the busy parent (a new interpreter);
     fork's go through the gate."""
-    summary = storm(spawn_worker, "--children", "2", "--start-method", method, "--deadline", "90")
-    assert (summary["total"], summary["hung"], summary["ok"], summary["errors"]) == (2, 0, 2, []), summary
+    summary = storm(spawn_worker, "--children", str(MP_CHILDREN), "--start-method", method, "--deadline", "90")
+    expected = (MP_CHILDREN, 0, MP_CHILDREN, [])
+    assert (summary["total"], summary["hung"], summary["ok"], summary["errors"]) == expected, summary
