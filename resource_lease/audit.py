@@ -26,7 +26,6 @@ import atexit
 import contextvars
 import datetime as dt
 import logging
-import os
 import threading
 import time
 from collections import defaultdict, deque
@@ -40,6 +39,7 @@ from resource_lease import signals
 from resource_lease.bulk import insert_many
 from resource_lease.conf import lease_settings
 from resource_lease.display import format_duration
+from resource_lease.forking import at_fork, fork_gate
 from resource_lease.models import LeaseEvent, Resource
 
 logger = logging.getLogger("resource_lease.audit")
@@ -120,12 +120,14 @@ class AuditWriter:
             logger.exception("the audit trail's writer thread stopped on an unexpected error")
             raise
         finally:
-            connections.close_all()  # this thread's own connections only
+            with fork_gate.inside():
+                connections.close_all()  # this thread's own connections only
 
     def _write(self, *, close: bool) -> int:
         """Store everything queued, batch by batch; a refused batch goes back to the queue."""
         written = 0
-        with self._write_lock:
+        # Inside the fork gate: a fork waits for the round (docs/pitfalls.md#fork).
+        with fork_gate.inside(), self._write_lock:
             try:
                 while self._pending:
                     batch: list[Pending] = []
@@ -220,7 +222,7 @@ def _after_fork_in_child() -> None:
 
 
 atexit.register(_at_exit)
-os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork(after_in_child=_after_fork_in_child)
 
 
 def flush() -> int:

@@ -27,8 +27,10 @@ order, one at a time, on one thread; a callback that blocks holds up only the ow
 share its thread, never a renewal.
 
 The keeper's thread and the callback threads start on demand and end a second after they
-have nothing left to do, closing their connections. A forked child starts with a keeper of
-its own that keeps nothing of its parent's (docs/pitfalls.md#fork).
+have nothing left to do, closing their connections. A step runs inside the fork gate (a fork
+waits for it to end; a callback's lease statements are inside it too, the user's own code
+is not), and a forked child starts with a keeper of its own that keeps nothing of its
+parent's (docs/pitfalls.md#fork).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from resource_lease.db.connections import close_connections
-from resource_lease.forking import PerProcess
+from resource_lease.forking import PerProcess, fork_gate
 
 logger = logging.getLogger("resource_lease")
 
@@ -216,7 +218,10 @@ class Keeper:
     def _run_step(self, job: Any, step: str) -> None:
         started = time.monotonic()
         try:
-            next_in = getattr(job, step)()
+            # Inside the fork gate: a fork waits for the step to end, so a child never
+            # inherits a lock or a database call of the step half done (docs/pitfalls.md#fork).
+            with fork_gate.inside():
+                next_in = getattr(job, step)()
         except Exception:  # a bug must be loud, never a job that quietly stops
             logger.exception("keeper: %r.%s() failed; it is no longer kept", job, step)
             next_in = None

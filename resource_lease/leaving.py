@@ -16,7 +16,6 @@ moment costs the line that moment, not the waiter's whole ttl.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING
 from resource_lease import renewal
 from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseDatabaseError
+from resource_lease.forking import at_fork
 from resource_lease.keeper import keeper
 from resource_lease.line_stats import stats
 from resource_lease.wakeups import after_release, board
@@ -168,4 +168,4 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork(after_in_child=_after_fork_in_child)

@@ -27,7 +27,6 @@ the database (``models.Waiter``):
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import time
 from collections.abc import Callable, Generator
@@ -41,6 +40,7 @@ from resource_lease.db.line import ARRIVING, NEWCOMER, Look, Turn, left_by_grant
 from resource_lease.db.line import Place as WaitingPlace
 from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseLost
+from resource_lease.forking import at_fork
 from resource_lease.line_stats import stats
 from resource_lease.wakeups import Waker, board, listen, pass_turn, pushed, turn_channel, unlisten
 
@@ -725,4 +725,4 @@ def forget_lines() -> None:
     _marks.clear()
 
 
-os.register_at_fork(after_in_child=forget_lines)
+at_fork(after_in_child=forget_lines)

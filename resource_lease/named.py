@@ -28,6 +28,7 @@ from resource_lease.db import json_text
 from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseError, LeaseLost
+from resource_lease.forking import at_fork
 from resource_lease.keeper import keeper
 from resource_lease.lease import Lease, OnLost, attempt_grant, granted
 from resource_lease.models import COORDINATION_PREFIX, Resource
@@ -46,6 +47,15 @@ def row_kind(family: str, name: str | None = None) -> str:
 # on every grant, never trusted for a decision (a row an operator deleted is made again).
 _known: set[tuple[str, str, str]] = set()
 _known_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # Another thread of the parent's may have held it at the fork: it would never be released.
+    global _known_lock
+    _known_lock = threading.Lock()
+
+
+at_fork(after_in_child=_after_fork_in_child)
 
 
 def ensure(alias: str, kind: str, names: Iterable[str], *, data: dict[str, Any] | None = None) -> None:

@@ -32,6 +32,7 @@ from resource_lease.db.connections import lease_connection
 from resource_lease.db.listen import hub
 from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseDatabaseError
+from resource_lease.forking import at_fork
 from resource_lease.keeper import keeper
 
 logger = logging.getLogger("resource_lease")
@@ -344,4 +345,4 @@ def _after_fork_in_child() -> None:
     _turn_channel = ""  # the parent's: its turns are not the child's
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork(after_in_child=_after_fork_in_child)

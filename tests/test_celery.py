@@ -37,7 +37,7 @@ from resource_lease.models import Resource
 from resource_lease.pool import FREE, HELD, force_release, with_state
 from tests.conftest import spawn, worker_env
 from tests.ledger import check
-from tests.short_mode import once_across_backends
+from tests.short_mode import SHORT, once_across_backends
 
 pytestmark = pytest.mark.celery
 
@@ -56,7 +56,16 @@ class Worker:
     """One ``celery worker`` process (its own session, so its pool children can be killed too)."""
 
     def __init__(
-        self, client: Celery, queue: str, log: Path, pool: str, concurrency: int, transport_options: dict[str, Any]
+        self,
+        client: Celery,
+        queue: str,
+        log: Path,
+        pool: str,
+        concurrency: int,
+        transport_options: dict[str, Any],
+        include: str = "tests.procs.celery_tasks",
+        extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         self.queue = queue
         self.log = log
@@ -64,13 +73,14 @@ class Worker:
             CELERY_BROKER_URL=client.conf.broker_url,
             CELERY_RESULT_BACKEND=client.conf.result_backend,
             CELERY_BROKER_TRANSPORT_OPTIONS=json.dumps(transport_options),
+            **(env or {}),
         )
         # A node name of its own too: on RabbitMQ a node's remote-control (pidbox) queue is
         # exclusive, and a second worker of the same name on the vhost cannot consume from it.
         name = f"{log.stem}.{queue}@%h"
-        args = ["-A", "project", "worker", "-I", "tests.procs.celery_tasks", "-Q", queue, "-n", name]
+        args = ["-A", "project", "worker", "-I", include, "-Q", queue, "-n", name]
         args += ["-P", pool, "-c", str(concurrency), "--without-mingle", "--without-gossip", "--without-heartbeat"]
-        args += ["-l", "info"]
+        args += ["-l", "info", *extra]
         self._out = open(log, "w")  # noqa: SIM115 (closed in stop/kill)
         self.proc = spawn("celery", *args, env=env, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -157,11 +167,20 @@ def unacked_keys(queue: str) -> dict[str, str]:
 
 @pytest.fixture
 def celery_worker(tmp_path: Path, broker: Celery) -> Iterator[Callable[..., Worker]]:
-    """``celery_worker(pool=..., concurrency=..., visibility_timeout=...)`` on this test's queue."""
+    """``celery_worker(pool=..., concurrency=..., visibility_timeout=..., include=..., extra=...,
+    env=...)`` on this test's queue (``include``: the modules of ``-I``; ``extra``: more
+    arguments of ``celery worker``; ``env``: more environment variables)."""
     queue = f"rl-test-{uuid.uuid4().hex[:12]}"
     workers: list[Worker] = []
 
-    def start(pool: str = "prefork", concurrency: int = 2, visibility_timeout: float | None = None) -> Worker:
+    def start(
+        pool: str = "prefork",
+        concurrency: int = 2,
+        visibility_timeout: float | None = None,
+        include: str = "tests.procs.celery_tasks",
+        extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> Worker:
         options: dict[str, Any] = {}
         if not is_rabbitmq(broker):
             # kombu keeps the unacked messages of every worker on a Redis database in one
@@ -178,7 +197,8 @@ def celery_worker(tmp_path: Path, broker: Celery) -> Iterator[Callable[..., Work
             options.update(
                 visibility_timeout=visibility_timeout, unacked_restore_interval=1, unacked_restore_throttle=1
             )
-        worker = Worker(broker, queue, tmp_path / f"worker{len(workers)}.log", pool, concurrency, options)
+        log = tmp_path / f"worker{len(workers)}.log"
+        worker = Worker(broker, queue, log, pool, concurrency, options, include, extra, env)
         workers.append(worker)
         return worker
 
@@ -571,3 +591,94 @@ def test_a_warm_shutdown_releases_the_leases_of_the_tasks_it_finishes(
     assert worker.stop() == 0  # SIGTERM: the worker waits for both tasks, then exits
     assert [r.get(timeout=10)["retries"] for r in results] == [0, 0]
     assert_all_free(pool)  # the ttl is 60 s: only a release frees them this soon
+
+
+# -- forking from a busy worker (docs/pitfalls.md#fork) -----------------------------------
+
+#: Tasks, each run by a pool child of its own (``--max-tasks-per-child 1``): one fork each.
+FORK_TASKS = 12 if SHORT else 30
+#: The negative control sends tasks until a pool child hangs, at most this many.
+FORK_CONTROL_CAP = 400
+
+
+def fork_evidence(directory: Path) -> tuple[set[str], dict[str, str]]:
+    """The pool children that were forked, and what those that finished their lease said."""
+    forked = {path.name.removeprefix("forked-") for path in directory.glob("forked-*")}
+    done = {path.name.removeprefix("done-"): path.read_text() for path in directory.glob("done-*")}
+    return forked, done
+
+
+def fork_worker(celery_worker: Callable[..., Worker], evidence: Path, *, gate: bool) -> Worker:
+    """A prefork worker of tests/procs/celery_fork.py: a pool child per task, each taking a
+    lease right after its fork from a busy main process (``gate=False``: the fork gate off)."""
+    env = {"RESOURCE_LEASE_TEST_FORK_DIR": str(evidence)}
+    if not gate:
+        env["RESOURCE_LEASE_TEST_NO_FORK_GATE"] = "1"
+    worker = celery_worker(
+        pool="prefork",
+        concurrency=4,
+        include="tests.procs.celery_tasks,tests.procs.celery_fork",
+        extra=("--max-tasks-per-child", "1"),
+        env=env,
+    )
+    worker.wait_ready()
+    return worker
+
+
+def test_prefork_children_of_a_busy_worker_take_a_lease_right_after_the_fork(
+    transactional_db: None, celery_worker: Callable[..., Worker], broker: Celery, tmp_path: Path
+) -> None:
+    """The worker's main process keeps its keeper busy (tests/procs/celery_fork.py) while the
+    pool forks a child per task; each child takes and releases a semaphore slot at
+    ``worker_process_init``, right after the fork, and none hangs there."""
+    evidence = tmp_path / "forks"
+    evidence.mkdir()
+    worker = fork_worker(celery_worker, evidence, gate=True)
+    results = [send(broker, worker, "fork_probe") for _ in range(FORK_TASKS)]
+    ran_in = {str(result.get(timeout=120)) for result in results}
+
+    seen: dict[str, Any] = {}
+
+    def settled() -> bool:
+        # The pool goes on forking replacements: judge one reading, not a later one.
+        seen["forked"], seen["done"] = fork_evidence(evidence)
+        return bool(seen["forked"] == set(seen["done"]))
+
+    settled_in_time = True
+    try:
+        wait_for(settled, 60, "every forked pool child to finish its lease")
+    except AssertionError:
+        settled_in_time = False
+    forked, done = seen["forked"], seen["done"]
+    print(f"celery prefork: {len(forked)} children forked, {len(forked - set(done))} hung")
+    assert settled_in_time, f"{len(forked - set(done))} of {len(forked)} pool children hung in their first lease"
+    assert len(ran_in) == FORK_TASKS and ran_in <= forked
+    assert set(done.values()) == {"ok"}, done
+    assert "Timed out waiting for UP message" not in worker.text()
+    worker.kill()
+
+
+def test_negative_control_without_the_fork_gate_a_prefork_child_hangs_on_sqlite(
+    transactional_db: None, vendor: str, celery_worker: Callable[..., Worker], broker: Celery, tmp_path: Path
+) -> None:
+    """The same worker with the gate off: tasks are sent, four at a time, until a pool child
+    has hung in its first lease for 20 s (on SQLite, about 4 children in 100 in our runs), at
+    most ``FORK_CONTROL_CAP`` tasks."""
+    if vendor != "sqlite":
+        pytest.skip("without the gate, children hang on SQLite (its in-process locks); none were seen on servers")
+    evidence = tmp_path / "forks"
+    evidence.mkdir()
+    worker = fork_worker(celery_worker, evidence, gate=False)
+    sent = 0
+    hung: set[str] = set()
+    while sent < FORK_CONTROL_CAP and not hung:
+        results = [send(broker, worker, "fork_probe") for _ in range(4)]
+        sent += len(results)
+        for result in results:
+            result.get(timeout=180)
+        forked, done = fork_evidence(evidence)
+        now = time.time()
+        hung = {pid for pid in forked - set(done) if now - (evidence / f"forked-{pid}").stat().st_mtime > 20}
+    print(f"celery prefork without the gate: {len(hung)} pool children hung after {sent} tasks")
+    worker.kill()
+    assert hung, f"no pool child hung in {sent} tasks without the gate"

@@ -36,6 +36,7 @@ from resource_lease.db import dialect_class
 from resource_lease.db.base import Dialect, Failure
 from resource_lease.db.picking import Picker
 from resource_lease.exceptions import DatabaseUnavailable, LeaseDatabaseError
+from resource_lease.forking import at_fork, fork_gate
 
 logger = logging.getLogger("resource_lease")
 
@@ -157,8 +158,9 @@ def close_connections() -> None:
     if any(conn.pid != os.getpid() for conn in conns.values()):
         _inherited.append(conns.copy())
     else:
-        for conn in conns.values():
-            conn.close()
+        with fork_gate.inside():
+            for conn in conns.values():
+                conn.close()
     conns.clear()
 
 
@@ -166,9 +168,10 @@ def close_every_connection() -> None:
     """Close the lease connections of every thread of this process (tests, before their
     database is dropped: the worker threads of async code keep theirs open). Only while none
     of them runs a statement."""
-    for conn in list(_live):
-        if conn.pid == os.getpid():
-            conn.close()
+    with fork_gate.inside():
+        for conn in list(_live):
+            if conn.pid == os.getpid():
+                conn.close()
 
 
 def _unwrap(exc: BaseException) -> BaseException:
@@ -186,8 +189,14 @@ def run(alias: str, statement: Callable[[Dialect, Any], T], *, what: str) -> T:
     (nothing changed) at once (docs/pitfalls.md#lock-wait). A lost connection is discarded and
     reported as ``Disconnected``: only the caller knows whether the statement can be repeated
     or must be settled by reading back (docs/pitfalls.md#dropped-connections,
-    docs/pitfalls.md#unknown-outcome).
+    docs/pitfalls.md#unknown-outcome). It runs inside the fork gate: a fork waits for it to
+    end (docs/pitfalls.md#fork).
     """
+    with fork_gate.inside():
+        return _run(alias, statement, what=what)
+
+
+def _run(alias: str, statement: Callable[[Dialect, Any], T], *, what: str) -> T:
     conn = lease_connection(alias)
     retries = int(lease_settings.TRANSIENT_RETRIES)
     for attempt in range(retries + 1):
@@ -283,4 +292,4 @@ def _after_fork_in_child() -> None:
     _forking.clear()
 
 
-os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
+at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)

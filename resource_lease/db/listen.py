@@ -14,6 +14,10 @@ A subscriber is woken once per batch of notifications of its channel (``wake()``
 ``wake(None)`` when notifications may have been missed: the connection came back after a
 failure). The line of waiters uses payloads: one channel for every line, the payload naming
 the line a release freed a row of (``resource_lease.wakeups``).
+
+The thread's database calls (connect, LISTEN, reading notifications, close) run inside the
+fork gate, its wait on the sockets does not: a fork waits for the calls, never for the wait
+(docs/pitfalls.md#fork).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 
 from django.db import connections
 
-from resource_lease.forking import PerProcess
+from resource_lease.forking import PerProcess, fork_gate
 
 logger = logging.getLogger("resource_lease")
 
@@ -168,20 +172,8 @@ class Hub:
         if state.conn is None and time.monotonic() < state.retry_at:
             return
         try:
-            if state.conn is None:
-                from resource_lease.db.connections import LeaseConnection
-
-                state.conn = LeaseConnection(alias)
-                state.conn.wrapper.ensure_connection()
-                state.conn.wrapper.connection.autocommit = True
-                state.listening = set()
-            raw = state.conn.wrapper.connection
-            for channel in sorted(channels - state.listening):
-                raw.execute(f'LISTEN "{channel}"')
-                state.listening.add(channel)
-            for channel in sorted(state.listening - channels):
-                raw.execute(f'UNLISTEN "{channel}"')
-                state.listening.discard(channel)
+            with fork_gate.inside():
+                self._listen_on(alias, state, channels)
         except Exception as exc:  # noqa: BLE001 (logged by _failed; the watches poll)
             self._failed(alias, state, exc)
             return
@@ -189,6 +181,23 @@ class Hub:
             state.failing = False
             logger.warning("LISTEN on %r works again; watches there are woken at once", alias)
             self._wake_all(alias)  # what changed meanwhile is read at once
+
+    def _listen_on(self, alias: str, state: _Alias, channels: set[str]) -> None:
+        """Connect (unless connected) and LISTEN to exactly ``channels``."""
+        if state.conn is None:
+            from resource_lease.db.connections import LeaseConnection
+
+            state.conn = LeaseConnection(alias)
+            state.conn.wrapper.ensure_connection()
+            state.conn.wrapper.connection.autocommit = True
+            state.listening = set()
+        raw = state.conn.wrapper.connection
+        for channel in sorted(channels - state.listening):
+            raw.execute(f'LISTEN "{channel}"')
+            state.listening.add(channel)
+        for channel in sorted(state.listening - channels):
+            raw.execute(f'UNLISTEN "{channel}"')
+            state.listening.discard(channel)
 
     def _wait(self) -> None:
         pipe = self._pipe
@@ -210,7 +219,8 @@ class Hub:
             alias = by_fd[fd]
             state = self._aliases[alias]
             try:
-                notes = [(note.channel, note.payload) for note in state.conn.wrapper.connection.notifies(timeout=0)]
+                with fork_gate.inside():
+                    notes = [(note.channel, note.payload) for note in state.conn.wrapper.connection.notifies(timeout=0)]
             except Exception as exc:  # noqa: BLE001 (logged by _failed; the watches poll)
                 self._failed(alias, state, exc)
                 continue
@@ -243,7 +253,8 @@ class Hub:
             return
         if state.conn is not None:
             try:
-                state.conn.close()
+                with fork_gate.inside():
+                    state.conn.close()
             except Exception:  # already broken
                 logger.debug("closing a LISTEN connection failed", exc_info=True)
             state.conn = None

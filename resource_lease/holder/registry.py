@@ -9,13 +9,13 @@ holders and their leases are not the child's to terminate.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 import weakref
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from resource_lease.forking import at_fork
 from resource_lease.validation import check_seconds
 
 if TYPE_CHECKING:
@@ -88,6 +88,6 @@ def _after_fork_in_child() -> None:
     _live_lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork(after_in_child=_after_fork_in_child)
 
 __all__ = ["install_sigterm_handler", "live_holders", "register", "terminate_all", "unregister"]
