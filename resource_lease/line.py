@@ -41,6 +41,7 @@ from resource_lease.db.line import ARRIVING, NEWCOMER, Look, Turn, left_by_grant
 from resource_lease.db.line import Place as WaitingPlace
 from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseLost
+from resource_lease.keeper import keeper
 from resource_lease.line_stats import stats
 from resource_lease.wakeups import Waker, board, listen, pass_turn, pushed, turn_channel, unlisten
 
@@ -226,6 +227,7 @@ def _enter(
     """Take a place at the back of ``line`` (``shared``: as a reader of an rwlock; ``handoff``:
     one that a release may hand a grant of ``ttl`` seconds, where the database can); its
     renewal starts at once."""
+    keeper().refuse_when_stopping("places in line")  # the process gives back what it holds
     _purge_now_and_then(line)
     sent_at = time.monotonic()
     marked_at = fresh_mark(line, where, ttl, sent_at) if line.marked else None
