@@ -135,8 +135,8 @@ def install_sigterm_handler(timeout: float = 15.0) -> None:
     with _lock:
         current = signal.getsignal(signal.SIGTERM)
         installed = _installed
-        if installed is not None and current is installed:
-            installed.timeout = wait
+        if isinstance(current, _Handler) and current is installed:
+            current.timeout = wait
             return
         if callable(current):
             logger.warning(
