@@ -20,6 +20,7 @@ from resource_lease.exceptions import (
     MemberTaken,
     NoResourceAvailable,
     OutcomeUnknown,
+    SyncCallFromAsync,
 )
 
 __version__ = "0.1.0"
@@ -42,6 +43,7 @@ __all__ = [
     "NoResourceAvailable",
     "OutcomeUnknown",
     "ResourceHolder",
+    "SyncCallFromAsync",
     "Watch",
     "WorkItem",
     "Worker",

@@ -19,6 +19,7 @@ from django.db import transaction
 from resource_lease import line, pool, renewal, signals
 from resource_lease.audit import acting_as
 from resource_lease.conf import lease_settings
+from resource_lease.db.connections import refuse_on_event_loop
 from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.db.operations import Grant, Operations, ops
 from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost, NoResourceAvailable
@@ -279,6 +280,7 @@ class Lease:
         expired or been taken (another holder's lease is never touched)."""
         if os.getpid() != self._pid:
             return False  # a forked child never releases its parent's lease
+        refuse_on_event_loop("release")  # before anything changes here
         with self._lock:
             if self._released:
                 return False

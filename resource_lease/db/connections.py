@@ -17,9 +17,11 @@ threads that did not survive fork.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import random
+import sys
 import threading
 import time
 import weakref
@@ -35,7 +37,7 @@ from resource_lease.conf import lease_settings
 from resource_lease.db import dialect_class
 from resource_lease.db.base import Dialect, Failure
 from resource_lease.db.picking import Picker
-from resource_lease.exceptions import DatabaseUnavailable, LeaseDatabaseError
+from resource_lease.exceptions import DatabaseUnavailable, LeaseDatabaseError, SyncCallFromAsync
 
 logger = logging.getLogger("resource_lease")
 
@@ -188,6 +190,7 @@ def run(alias: str, statement: Callable[[Dialect, Any], T], *, what: str) -> T:
     or must be settled by reading back (docs/pitfalls.md#dropped-connections,
     docs/pitfalls.md#unknown-outcome).
     """
+    refuse_on_event_loop(what)
     conn = lease_connection(alias)
     retries = int(lease_settings.TRANSIENT_RETRIES)
     for attempt in range(retries + 1):
@@ -228,6 +231,61 @@ def run(alias: str, statement: Callable[[Dialect, Any], T], *, what: str) -> T:
                 raise LockWaitTimeout(f"{what} waited too long for a row lock on {alias!r}: {error}") from exc
             raise LeaseDatabaseError(f"{what} failed on database {alias!r}: {error}") from exc
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+#: The async twin of each public blocking call (by its qualified name), for the message of
+#: ``SyncCallFromAsync``; a call not listed is told of ``a<name>`` and ``sync_to_async``.
+ASYNC_TWINS = {
+    "acquire": "await aacquire(...) (or async with aacquire(...))",
+    "lock": "await alock(...) (or async with alock(...))",
+    "semaphore": "await asemaphore(...) (or async with asemaphore(...))",
+    "RwLock.read": "await arwlock(name).read(...)",
+    "RwLock.write": "await arwlock(name).write(...)",
+    "Lease.release": "await lease.arelease()",
+    "Lease.renew": "await lease.arenew()",
+    "Lease.is_held": "await lease.ais_held()",
+    "Lease.__exit__": "async with (await aacquire(...)), or async with aacquire(...)",
+    "Lease.__enter__": "async with aacquire(...)",
+    "Election.campaign": "await election.acampaign()",
+    "Election.resign": "await election.aresign()",
+    "Election.is_leader": "await election.ais_leader()",
+    "Election.leader": "await election.aleader()",
+    "Election.record": "await election.arecord()",
+    "Election.state": "await election.astate()",
+    "Election.save_state": "await election.asave_state(state)",
+    "Config.__getitem__": "await config.aget(key)",
+    "Config.get": "await config.aget(key)",
+}
+
+
+def refuse_on_event_loop(what: str) -> None:
+    """Raise ``SyncCallFromAsync`` if an event loop runs in this thread (unless Django's
+    ``DJANGO_ALLOW_ASYNC_UNSAFE`` is set): every statement checks, and a call that changes
+    its own state before its statement (``Lease.release``) checks first."""
+    if asyncio._get_running_loop() is not None and not os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE"):
+        # Django's own guard would only say so when the connection opens, and as an error
+        # connecting (an outage, to whoever handles one): say what is wrong, and what to use.
+        raise sync_call_from_async(what)
+
+
+def sync_call_from_async(what: str) -> SyncCallFromAsync:
+    """The error for a blocking call made on a thread that runs an event loop, naming the
+    public call (the outermost frame of this library) and its async twin."""
+    called = what
+    frame = sys._getframe(2)
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    while frame is not None:
+        if os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+            called = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+        else:
+            break
+        frame = frame.f_back  # type: ignore[assignment]
+    name = called.rsplit(".", 1)[-1]
+    twin = ASYNC_TWINS.get(called) or f"its async twin a{name}() if it has one"
+    return SyncCallFromAsync(
+        f"{called}() was called from async code (an event loop runs in this thread), where a blocking"
+        f" database call would stall the loop: use {twin}, or run it in a thread (asgiref's sync_to_async)"
+    )
 
 
 def unavailable(alias: str, what: str, error: BaseException) -> DatabaseUnavailable:
