@@ -133,17 +133,26 @@ def default_holder(thread_name: str | None = None) -> str:
     return f"{process_identity()}:{name}"[:255]
 
 
+#: How many of the existing kinds the error of a kind without resources names.
+KINDS_SHOWN = 5
+
+
 def require_kind(alias: str, kind: str) -> None:
     """Raise ``NoResourceAvailable`` (``exists=False``) if ``kind`` has no resources at all,
     so that a caller says so at once instead of waiting out its timeout."""
-    if ops(alias).kind_exists(kind):
+    engine = ops(alias)
+    if engine.kind_exists(kind):
         return
+    known = engine.some_kinds(KINDS_SHOWN + 1)
+    listed = ", ".join(known[:KINDS_SHOWN]) + (", ..." if len(known) > KINDS_SHOWN else "") if known else "none"
     hint = ""
     if transaction.get_connection(alias).in_atomic_block:
         hint = (
             " (leases are taken on their own connection, which cannot see rows your open transaction has not committed)"
         )
-    raise NoResourceAvailable(f"there are no resources of kind {kind!r}{hint}", kind=kind, exists=False)
+    raise NoResourceAvailable(
+        f"there are no resources of kind {kind!r} (kinds: {listed}){hint}", kind=kind, exists=False
+    )
 
 
 def safety_margin(ttl: float) -> float:

@@ -70,6 +70,19 @@ def test_a_kind_without_resources_says_so_at_once(make_pool) -> None:
     assert time.monotonic() - started < 15, "it waited for the timeout instead of saying so at once"
 
 
+def test_a_kind_without_resources_names_a_few_kinds_that_exist(make_pool) -> None:
+    from resource_lease import lock
+
+    make_pool("proxy", 1)
+    lock("not-a-pool", ttl=5).release()  # a coordination row ("@lock"): not a pool's kind
+    with pytest.raises(NoResourceAvailable, match=r"no resources of kind 'proxi' \(kinds: proxy\)"):
+        acquire("proxi", ttl=5)
+    for kind in ("a1", "a2", "a3", "a4", "a5"):
+        make_pool(kind, 1)
+    with pytest.raises(NoResourceAvailable, match=r"\(kinds: a1, a2, a3, a4, a5, \.\.\.\)"):
+        acquire("proxi", ttl=5)
+
+
 def test_timeout_keeps_trying_until_a_resource_is_released(make_pool) -> None:
     make_pool("proxy", 1)
     first = acquire("proxy", ttl=30)

@@ -315,6 +315,10 @@ class Dialect(GrantStatements):
         cursor.execute(self.sql["KIND_EXISTS"], (kind,))
         return bool(cursor.fetchall())
 
+    def some_kinds(self, cursor: Any, *, limit: int) -> list[str]:
+        cursor.execute(statements.fill(self.sql["SOME_KINDS"], limit=str(int(limit))), ("@%",))
+        return [row[0] for row in cursor.fetchall()]
+
     # -- rows ------------------------------------------------------------------------
 
     @staticmethod

@@ -164,6 +164,10 @@ class Operations(ItemOperations, LineOperations, TermOperations):
     def kind_exists(self, kind: str) -> bool:
         return run_repeatable(self.alias, lambda d, c: d.kind_exists(c, kind), what=f"looking up kind {kind!r}")
 
+    def some_kinds(self, limit: int = 5) -> list[str]:
+        """Up to ``limit`` of the pools' kinds, sorted (coordination rows left out)."""
+        return run_repeatable(self.alias, lambda d, c: d.some_kinds(c, limit=limit), what="listing the kinds")
+
     def insert_missing(self, kind: str, names: Sequence[str], *, data: str = "{}") -> None:
         run_repeatable(
             self.alias,

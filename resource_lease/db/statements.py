@@ -307,6 +307,10 @@ LINE_WAITERS = (
 # (kind)
 KIND_EXISTS = "SELECT 1 FROM {table} WHERE kind = {p} LIMIT 1"
 
+# A few of the pools' kinds, for the error of a kind that has none (coordination rows, whose
+# kinds start with '@', left out). (coordination prefix pattern)
+SOME_KINDS = "SELECT DISTINCT kind FROM {table} WHERE kind NOT LIKE {p} ORDER BY kind LIMIT {limit}"
+
 # A semaphore's slot count: enable the names before a bound, disable the others; a row that
 # already agrees is not touched. (below, kind, below)
 LIMIT_SLOTS = "UPDATE {table} SET enabled = (name < {p}) WHERE kind = {p} AND enabled <> (name < {p})"
@@ -360,6 +364,7 @@ TEMPLATES: dict[str, str | Returning] = {
     "LINE_WAITERS": LINE_WAITERS,
     **RW_TEMPLATES,
     "KIND_EXISTS": KIND_EXISTS,
+    "SOME_KINDS": SOME_KINDS,
     "LIMIT_SLOTS": LIMIT_SLOTS,
     "INSERT_MISSING": INSERT_MISSING,
     "READ_KIND": READ_KIND,
