@@ -204,15 +204,19 @@ class LeaseTask(Task):
             if not exc.exists or request.called_directly:
                 raise  # nothing to wait for (a misconfiguration must fail loudly), or no worker
             attempt = request.retries + 1
+            matching = "" if self.lease_where is None else f" matching {self.lease_where!r}"
             if self.max_retries is not None and request.retries >= self.max_retries:
-                logger.warning("%s[%s]: no %r resource free (attempt %d), giving up", self.name, task_id, kind, attempt)
+                logger.warning(
+                    "%s[%s]: no %r resource%s free (attempt %d), giving up", self.name, task_id, kind, matching, attempt
+                )
                 raise
             countdown = self.lease_retry_delay(request.retries)
             logger.info(
-                "%s[%s]: no %r resource free (attempt %d), retrying in %.2fs",
+                "%s[%s]: no %r resource%s free (attempt %d), retrying in %.2fs",
                 self.name,
                 task_id,
                 kind,
+                matching,
                 attempt,
                 countdown,
             )
