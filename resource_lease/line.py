@@ -273,13 +273,22 @@ ENTER_RETRY = 0.05
 
 #: Seconds between two purges of a line's expired places by this process.
 PURGE_EVERY = 10.0
+#: Seconds between two purges of every line's expired places by this process (a line nobody
+#: enters again is purged so).
+PURGE_ALL_EVERY = 60.0
 _purged: dict[Line, float] = {}
+_purged_all: dict[str, float] = {}
 
 
 def _purge_now_and_then(line: Line) -> None:
     """Drop the line's expired places (dead or paused waiters), at most every PURGE_EVERY
-    seconds per line and process: they never count, so this only keeps the table small."""
+    seconds per line and process, and every line's at most every PURGE_ALL_EVERY seconds per
+    alias and process: they never count, so this only keeps the table small."""
     now = time.monotonic()
+    if now - _purged_all.get(line.alias, -PURGE_ALL_EVERY) >= PURGE_ALL_EVERY:
+        _purged_all[line.alias] = _purged[line] = now
+        ops(line.alias).purge_lines()
+        return
     if now - _purged.get(line, -PURGE_EVERY) < PURGE_EVERY:
         return
     _purged[line] = now
@@ -718,6 +727,7 @@ def forget_lines() -> None:
     forked child (the parent's waits are not the child's), and in tests once the rows it
     marked are gone (a remembered mark would skip a newcomer's first try on new rows)."""
     _purged.clear()
+    _purged_all.clear()
     _marks.clear()
 
 

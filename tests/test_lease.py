@@ -444,3 +444,41 @@ def test_lost_is_a_bool_so_if_lease_lost_reads_as_it_should(make_pool) -> None:
     assert lease.lost is True and lease.lost_event.is_set()
     with pytest.raises(AttributeError):
         lease.lost = False  # type: ignore[misc]  # read-only: the Event decides
+
+
+@pytest.mark.parametrize("closer", ["on", "off"])
+def test_an_ended_threads_lease_connections_close_with_it_not_at_the_next_collection(
+    make_pool, monkeypatch, closer: str
+) -> None:
+    """Lease connections of user threads that ended were closed only by a garbage collection
+    (they sit in reference cycles): a pool of short-lived threads kept dozens open. ``off`` is
+    the negative control: the closer disabled, the connections stay open until collected."""
+    import gc
+
+    from resource_lease.db import connections as lease_connections
+
+    if closer == "off":
+        monkeypatch.setattr(lease_connections._ClosedWithThread, "__del__", lambda self: None)
+    make_pool("proxy", 1)
+    seen: list = []
+
+    def work() -> None:
+        acquire("proxy", ttl=30).release()
+        seen.append(lease_connections.lease_connection("default"))
+
+    gc.disable()  # no collection may close them meanwhile
+    try:
+        threads = [threading.Thread(target=work) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+            thread.join()
+        del threads
+        still_open = [conn for conn in seen if conn.wrapper.connection is not None]
+        if closer == "on":
+            assert still_open == []
+        else:
+            assert len(still_open) == 3
+    finally:
+        gc.enable()
+        for conn in seen:
+            conn.close()

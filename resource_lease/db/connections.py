@@ -134,10 +134,36 @@ class LeaseConnection:
             os.close(devnull)
 
 
+class _ClosedWithThread:
+    """Closes a thread's lease connections when the thread ends.
+
+    A thread's thread-locals are dropped as it ends, but a ``LeaseConnection`` sits in
+    reference cycles (its wrapper and dialect), so it would only be closed by the next garbage
+    collection, keeping a server connection open meanwhile (a pool of user threads that come
+    and go held dozens). This object, kept beside them in the thread-local and in no cycle,
+    is freed the moment the thread ends, and closes them then. In a forked child (a thread
+    that did not survive fork) it closes nothing: those sockets are the parent's."""
+
+    def __init__(self, conns: dict[str, LeaseConnection]) -> None:
+        self.conns = conns
+
+    def __del__(self) -> None:
+        conns = self.conns
+        if any(conn.pid != os.getpid() for conn in conns.values()):
+            _inherited.append(conns.copy())  # the parent's: never closed here
+            return
+        for conn in list(conns.values()):
+            try:
+                conn.close()
+            except Exception:  # a destructor must not raise; the server times the session out
+                logger.debug("closing an ended thread's lease connection failed", exc_info=True)
+
+
 def _connections() -> dict[str, LeaseConnection]:
     conns: dict[str, LeaseConnection] | None = getattr(_local, "conns", None)
     if conns is None:
         conns = _local.conns = {}
+        _local.closer = _ClosedWithThread(conns)
     return conns
 
 

@@ -258,6 +258,10 @@ LEAVE_LINE = "DELETE FROM {waiters} WHERE id = {p}"
 # whoever enters the line next drops them. (kind, name)
 PURGE_LINE = "DELETE FROM {waiters} WHERE kind = {p} AND name = {p} AND expires_at <= {now}"
 
+# Every line's expired places, now and then: a line nobody enters again is never purged by
+# PURGE_LINE (its newcomers run it). ()
+PURGE_LINES = "DELETE FROM {waiters} WHERE expires_at <= {now}"
+
 # A waiter's look at its line, all reads (no row lock, cheap enough to run often): whether its
 # place is live, how many live waiters are ahead of it (and how many of those have a where=
 # of their own: they may not want the rows it could take), whether a row it could take is
@@ -358,6 +362,7 @@ TEMPLATES: dict[str, str | Returning] = {
     "RENEW_PLACE": RENEW_PLACE,
     "LEAVE_LINE": LEAVE_LINE,
     "PURGE_LINE": PURGE_LINE,
+    "PURGE_LINES": PURGE_LINES,
     "LOOK_ANY": LOOK_ANY,
     "LOOK_FREE": LOOK_FREE,
     "LOOK_NAMED": LOOK_NAMED,
