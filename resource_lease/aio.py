@@ -33,9 +33,9 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from asgiref.sync import sync_to_async
 
 from resource_lease import metrics
-from resource_lease.exceptions import LeaseError
+from resource_lease.exceptions import DatabaseUnavailable, LeaseError
 from resource_lease.lease import Lease, acquiring
-from resource_lease.line import Attempt, Call, Wait, Waiting, in_time, left
+from resource_lease.line import Attempt, Call, Pause, Wait, Waiting, in_time, left
 from resource_lease.recipes.locks import locking, semaphoring
 from resource_lease.recipes.rwlock import RwLock
 from resource_lease.wakeups import Handed, Waker
@@ -158,14 +158,23 @@ async def _await_once(wait: Wait[T], waker: AsyncWaker, timeout: float | None, m
         try:
             step = next(steps)
             while True:
-                if isinstance(step, Attempt):
-                    value = await _granting(wait.attempt, step.turn)
-                elif isinstance(step, Call):
-                    # Cancelled meanwhile, the call still ends before the cleanup below
-                    # (a place it took is then ours to leave).
-                    value = await _granting(step.run)
-                else:
-                    value = await waker.await_wake(step.seconds)
+                try:
+                    if isinstance(step, Attempt):
+                        value = await _granting(wait.attempt, step.turn)
+                    elif isinstance(step, Call):
+                        # Cancelled meanwhile, the call still ends before the cleanup below
+                        # (a place it took is then ours to leave).
+                        value = await _granting(step.run)
+                    else:
+                        value = await waker.await_wake(step.seconds)
+                except DatabaseUnavailable as exc:
+                    pause = waiting.unavailable(exc)  # as a thread's wait (line._wait_once)
+                    if pause is None:
+                        raise
+                    await waker.await_wake(pause)
+                    continue
+                if not isinstance(step, Pause):
+                    waiting.answered()
                 step = steps.send(value)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
