@@ -20,6 +20,7 @@ from resource_lease.exceptions import (
     MemberTaken,
     NoResourceAvailable,
     OutcomeUnknown,
+    SyncCallFromAsync,
 )
 
 __version__ = "0.1.0"
@@ -42,6 +43,7 @@ __all__ = [
     "NoResourceAvailable",
     "OutcomeUnknown",
     "ResourceHolder",
+    "SyncCallFromAsync",
     "Watch",
     "WorkItem",
     "Worker",
@@ -52,6 +54,7 @@ __all__ = [
     "asemaphore",
     "close_connections",
     "counter",
+    "install_sigterm_handler",
     "leader_only",
     "lock",
     "notify",
@@ -76,6 +79,7 @@ if TYPE_CHECKING:
     from resource_lease.recipes.notifications import Watch, notify, watch
     from resource_lease.recipes.rwlock import rwlock
     from resource_lease.recipes.worker import FolderWorker, Worker
+    from resource_lease.shutdown import install_sigterm_handler
 
 # The names below import models, which need the app registry; resolve them on first use so
 # that ``import resource_lease`` works before django.setup() (e.g. in settings or celery.py).
@@ -105,6 +109,7 @@ _LAZY = {
     "Watch": "resource_lease.recipes.notifications",
     "Config": "resource_lease.recipes.config",
     "counter": "resource_lease.recipes.counters",
+    "install_sigterm_handler": "resource_lease.shutdown",
 }
 
 

@@ -2,7 +2,8 @@
 
 ``aacquire``, ``alock`` and ``asemaphore`` take the arguments of ``acquire``, ``lock`` and
 ``semaphore`` and give the same ``Lease`` (which also has ``arenew()``, ``arelease()``,
-``ais_held()`` and ``async with``). Each is both awaitable and an async context manager::
+``ais_held()`` and ``async with``). Each is a coroutine (``await`` it, or hand it to
+``asyncio.create_task``) and an async context manager::
 
     lease = await aacquire("proxy", ttl=30, timeout=5)
     async with alock("rebuild", ttl=60, timeout=5) as lease:
@@ -25,16 +26,16 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
 
 from resource_lease import metrics
-from resource_lease.exceptions import LeaseError
+from resource_lease.exceptions import DatabaseUnavailable, LeaseError
 from resource_lease.lease import Lease, acquiring
-from resource_lease.line import Attempt, Call, Wait, Waiting, in_time, left
+from resource_lease.line import Attempt, Call, Pause, Wait, Waiting, in_time, left
 from resource_lease.recipes.locks import locking, semaphoring
 from resource_lease.recipes.rwlock import RwLock
 from resource_lease.wakeups import Handed, Waker
@@ -47,6 +48,25 @@ T = TypeVar("T")
 def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Awaitable[T]:
     """Run ``fn`` in a worker thread (Django's ``sync_to_async``, not thread-sensitive)."""
     return sync_to_async(functools.partial(fn, *args, **kwargs), thread_sensitive=False)()
+
+
+S = TypeVar("S")
+P = ParamSpec("P")
+
+
+def async_twin(method: Callable[Concatenate[S, P], T]) -> Callable[Concatenate[S, P], Coroutine[Any, Any, T]]:
+    """The async twin of a blocking method, as a one-line class attribute
+    (``aleader = async_twin(leader)``): ``await obj.aleader(...)`` runs ``obj.leader(...)`` in
+    a worker thread (``in_thread``), never on the event loop. For a property, pass its getter
+    (``astate = async_twin(state.fget)``)."""
+
+    async def twin(self: S, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await in_thread(method, self, *args, **kwargs)
+
+    name = getattr(method, "__name__", "call")
+    twin.__name__ = twin.__qualname__ = f"a{name}"
+    twin.__doc__ = f"``{name}()`` for async code (run in a worker thread, never on the event loop)."
+    return twin
 
 
 class AsyncWaker(Waker):
@@ -138,14 +158,23 @@ async def _await_once(wait: Wait[T], waker: AsyncWaker, timeout: float | None, m
         try:
             step = next(steps)
             while True:
-                if isinstance(step, Attempt):
-                    value = await _granting(wait.attempt, step.turn)
-                elif isinstance(step, Call):
-                    # Cancelled meanwhile, the call still ends before the cleanup below
-                    # (a place it took is then ours to leave).
-                    value = await _granting(step.run)
-                else:
-                    value = await waker.await_wake(step.seconds)
+                try:
+                    if isinstance(step, Attempt):
+                        value = await _granting(wait.attempt, step.turn)
+                    elif isinstance(step, Call):
+                        # Cancelled meanwhile, the call still ends before the cleanup below
+                        # (a place it took is then ours to leave).
+                        value = await _granting(step.run)
+                    else:
+                        value = await waker.await_wake(step.seconds)
+                except DatabaseUnavailable as exc:
+                    pause = waiting.unavailable(exc)  # as a thread's wait (line._wait_once)
+                    if pause is None:
+                        raise
+                    await waker.await_wake(pause)
+                    continue
+                if not isinstance(step, Pause):
+                    waiting.answered()
                 step = steps.send(value)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
@@ -158,21 +187,40 @@ async def _await_once(wait: Wait[T], waker: AsyncWaker, timeout: float | None, m
         await asyncio.shield(in_thread(waiting.cleanup))
 
 
-class Acquiring(Generic[T]):
-    """A grant being asked for: ``await`` it for the lease, or ``async with`` it to release
-    the lease on the way out. The arguments are checked in a worker thread, like every
-    statement (a semaphore creates its slot rows there)."""
+class Acquiring(Coroutine[Any, Any, T]):
+    """A grant being asked for: ``await`` it for the lease, ``async with`` it to release the
+    lease on the way out, or hand it to ``asyncio.create_task`` / ``ensure_future`` (it is a
+    coroutine). The arguments are checked in a worker thread, like every statement (a
+    semaphore creates its slot rows there)."""
 
     def __init__(self, build: Callable[[], Wait[T]]) -> None:
         self._build = build
         self._lease: T | None = None
+        self._coroutine: Coroutine[Any, Any, T] | None = None
 
     async def _get(self) -> T:
         wait = await in_thread(self._build)
         return await arun(wait)
 
+    def _started(self) -> Coroutine[Any, Any, T]:
+        # One coroutine for every way of running it as one (await, a task), made on first use,
+        # so an Acquiring only entered with ``async with`` leaves no coroutine never awaited.
+        if self._coroutine is None:
+            self._coroutine = self._get()
+        return self._coroutine
+
     def __await__(self) -> Generator[Any, None, T]:
-        return self._get().__await__()
+        return self._started().__await__()
+
+    def send(self, value: Any) -> Any:
+        return self._started().send(value)
+
+    def throw(self, *args: Any) -> Any:
+        return self._started().throw(*args)
+
+    def close(self) -> None:
+        if self._coroutine is not None:
+            self._coroutine.close()
 
     async def __aenter__(self) -> T:
         self._lease = await self._get()
@@ -226,4 +274,15 @@ def arwlock(name: str) -> ARwLock:
     return ARwLock(name)
 
 
-__all__ = ["ARwLock", "Acquiring", "AsyncWaker", "aacquire", "alock", "arun", "arwlock", "asemaphore", "in_thread"]
+__all__ = [
+    "ARwLock",
+    "Acquiring",
+    "AsyncWaker",
+    "aacquire",
+    "alock",
+    "arun",
+    "arwlock",
+    "asemaphore",
+    "async_twin",
+    "in_thread",
+]

@@ -9,7 +9,7 @@ from django.core.checks import CheckMessage, Error, Tags, register
 from django.core.checks import Warning as CheckWarning
 from django.db import connections
 
-from resource_lease.conf import LeaseSettings, combination_problems, value_problem
+from resource_lease.conf import LeaseSettings, combination_problems, shape_problem, value_problem
 from resource_lease.db import SUPPORTED_VENDORS, dialect_class, engine_vendor
 from resource_lease.db.sqlite_options import in_memory
 
@@ -44,12 +44,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     if user is not None and not isinstance(user, dict):
         errors.append(Error("RESOURCE_LEASE must be a dict.", id="resource_lease.E004"))
         return errors
-    unknown = sorted(set(user or {}) - LeaseSettings.known_keys())
+    unknown = sorted(set(user or {}) - LeaseSettings.known_keys(), key=str)
     if unknown:
         errors.append(
             Error(
-                f"RESOURCE_LEASE has unknown keys: {', '.join(unknown)}.",
-                hint=f"Known keys: {', '.join(sorted(LeaseSettings.known_keys()))}.",
+                f"RESOURCE_LEASE has unknown keys: {', '.join(map(str, unknown))}.",
+                hint=f"{shape_problem(user)}. Known keys: {', '.join(sorted(LeaseSettings.known_keys()))}.",
                 id="resource_lease.E004",
             )
         )

@@ -2,8 +2,10 @@
 
 Values are read from Django's settings on first use and cached until ``RESOURCE_LEASE``
 changes (``override_settings`` sends ``setting_changed``), so tests can override them and
-the acquire path pays a dictionary lookup per read. Unknown keys are reported by the system
-check ``resource_lease.E004``; every value is checked once, by the system checks
+the acquire path pays a dictionary lookup per read. A ``RESOURCE_LEASE`` that is not a dict,
+or has an unknown key (a typo: ``{"TTl": 5}``), is reported by the system check
+``resource_lease.E004`` and fails the first read of any setting (``LeaseConfigError``, an
+``ImproperlyConfigured``, naming the key and the known key it most likely meant); every value is checked once, by the system checks
 ``resource_lease.E010`` (a bad value, named) and ``E011`` (values that do not fit together),
 and again when first read (``LeaseConfigError`` naming the setting), so a process that runs
 no checks (a Celery worker) fails as clearly.
@@ -11,6 +13,7 @@ no checks (a Celery worker) fails as clearly.
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -97,7 +100,15 @@ class LeaseSettings:
         # Resolved once and cached on the instance until RESOURCE_LEASE changes.
         cache = object.__getattribute__(self, "__dict__")
         if name not in cache:
-            user = getattr(settings, "RESOURCE_LEASE", None) or {}
+            user = getattr(settings, "RESOURCE_LEASE", None)
+            if "_shape_checked" not in cache:
+                # A typo ({"TTl": 5}) or a non-dict fails at first use too, not only in
+                # ``manage.py check``: a Celery worker or a script runs no checks.
+                problem = shape_problem(user)
+                if problem is not None:
+                    raise LeaseConfigError(problem)
+                cache["_shape_checked"] = True
+            user = user or {}
             if name in user:
                 problem = value_problem(name, user[name])
                 if problem is not None:
@@ -117,6 +128,32 @@ class LeaseSettings:
 
 
 lease_settings = LeaseSettings()
+
+
+def unknown_key_problem(key: Any) -> str:
+    """``RESOURCE_LEASE`` has the unknown key ``key``: the phrase naming it, with the known key
+    it most likely meant (a different case, a typo) when there is one."""
+    known = sorted(LeaseSettings.known_keys())
+    text = str(key)
+    guess = next((name for name in known if name == text.upper()), None)
+    if guess is None:
+        close = difflib.get_close_matches(text.upper(), known, n=1, cutoff=0.6)
+        guess = close[0] if close else None
+    hint = f" (did you mean {guess!r}?)" if guess else f" (known keys: {', '.join(known)})"
+    return f"RESOURCE_LEASE has an unknown key {key!r}{hint}"
+
+
+def shape_problem(user: Any) -> str | None:
+    """What is wrong with ``settings.RESOURCE_LEASE`` as a whole (not a dict, an unknown key),
+    or None. Shared by the system check E004 and the first read of a setting."""
+    if user is None:
+        return None
+    if not isinstance(user, dict):
+        return f"RESOURCE_LEASE must be a dict, got {type(user).__name__} {user!r:.80}"
+    unknown = sorted((key for key in user if key not in LeaseSettings.known_keys()), key=str)
+    if unknown:
+        return "; ".join(unknown_key_problem(key) for key in unknown)
+    return None
 
 
 # -- validation: one rule per key, shared by the system checks and the lazy read --------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import ImproperlyConfigured, SynchronousOnlyOperation
 
 
 class LeaseError(Exception):
@@ -73,6 +73,14 @@ class OutcomeUnknown(LeaseDatabaseError):
     """The connection was lost while a write that cannot be repeated safely was under way
     (``counter.add``, ``Config.compare_and_set``): it may or may not have been applied, and
     the engine does not guess (docs/pitfalls.md#unknown-outcome). Read the state and decide."""
+
+
+class SyncCallFromAsync(SynchronousOnlyOperation):
+    """A blocking call of the library made from async code (an event loop runs in this
+    thread): a programming error, not an outage (it is no ``LeaseError``, so nothing that
+    handles a database outage mistakes it for one). The message names the async twin to use
+    (``aacquire``, ``lease.arelease()``, ``election.aleader()``, ...). A Django
+    ``SynchronousOnlyOperation``, as Django raises for its own blocking calls."""
 
 
 class LeaseConfigError(LeaseError, ImproperlyConfigured):

@@ -49,6 +49,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from resource_lease.db.connections import close_connections
+from resource_lease.exceptions import LeaseError
 from resource_lease.forking import PerProcess, fork_gate
 
 logger = logging.getLogger("resource_lease")
@@ -94,6 +95,9 @@ class Keeper:
         self._held: dict[int, Any] = {}
         self._thread: threading.Thread | None = None
         self.callbacks = Callbacks()
+        #: Set once the process gives back everything it holds (``resource_lease.shutdown``):
+        #: from then on it is refused new grants and new places in line.
+        self.stopping = threading.Event()
 
     # -- jobs ---------------------------------------------------------------------------
 
@@ -147,6 +151,16 @@ class Keeper:
         """Whether ``job`` is kept now."""
         with self._cond:
             return job in self._jobs
+
+    def refuse_when_stopping(self, what: str) -> None:
+        """Raise ``LeaseError`` if the process is giving back what it holds (``stopping``)."""
+        if self.stopping.is_set():
+            raise LeaseError(f"this process is shutting down (it gave back what it held): no new {what}")
+
+    def jobs(self) -> list[Any]:
+        """The jobs kept now (what a process shutting down gives back: ``shutdown``)."""
+        with self._cond:
+            return list(self._jobs.keys())
 
     @property
     def thread(self) -> threading.Thread | None:

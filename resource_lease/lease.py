@@ -8,6 +8,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
@@ -18,6 +19,7 @@ from django.db import transaction
 from resource_lease import line, pool, renewal, signals
 from resource_lease.audit import acting_as
 from resource_lease.conf import lease_settings
+from resource_lease.db.connections import refuse_on_event_loop
 from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.db.operations import Grant, Operations, ops
 from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost, NoResourceAvailable
@@ -44,6 +46,81 @@ OnLost = Callable[["Lease"], Any]
 _HOSTNAME = socket.gethostname()
 
 
+class _Grant:
+    """A grant this process must give back if it exits holding it: its lease, weakly, and
+    enough to release the row once the lease object is gone (a program that dropped a lease
+    without releasing it still holds the row until its ttl)."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.ref = weakref.ref(lease, self._dropped)
+        self.using, self.kind, self.name = lease.using, lease.kind, lease.resource.name
+        self.key = lease._key()
+        self.ttl = lease.ttl
+        self.until: float | None = None  # once dropped: when the row has expired anyway
+
+    def _dropped(self, _ref: object) -> None:
+        # Run by the garbage collector, anywhere: set one attribute, nothing else. Unrenewed
+        # from now on, the row expires within its ttl.
+        self.until = time.monotonic() + self.ttl
+
+    def give_back(self) -> bool:
+        lease = self.ref()
+        if lease is not None:
+            return lease.release()
+        if self.until is not None and self.until <= time.monotonic():
+            return False  # expired by itself meanwhile
+        released, handed_to = ops(self.using).release_to_line(**self.key)
+        after_release(self.using, self.kind, self.name, self.key["pk"], released=released, handed_to=handed_to)
+        return released
+
+
+# The grants this process may still hold, by (alias, row, fence) (``give_back_granted``:
+# what ``shutdown.give_back_all`` releases on SIGTERM and at exit); a forked child starts empty.
+_granted: dict[tuple[str, int, int], _Grant] = {}
+_granted_lock = threading.Lock()
+
+
+def _track(lease: Lease) -> None:
+    now = time.monotonic()
+    with _granted_lock:
+        for key, grant in list(_granted.items()):
+            if grant.until is not None and grant.until <= now:
+                del _granted[key]  # dropped unreleased, and expired by now
+        _granted[(lease.using, lease.resource.pk, lease.fence)] = _Grant(lease)
+
+
+def _untrack(lease: Lease) -> None:
+    with _granted_lock:
+        _granted.pop((lease.using, lease.resource.pk, lease.fence), None)
+
+
+def give_back_granted() -> int:
+    """Release every grant this process may still hold (``Lease.release``, or the row itself
+    for a lease the program dropped unreleased); how many were still held. A failure is
+    logged, never raised: that grant expires by itself at its ttl."""
+    with _granted_lock:
+        grants = list(_granted.values())
+        _granted.clear()
+    released = 0
+    for grant in grants:
+        try:
+            released += bool(grant.give_back())
+        except LeaseDatabaseError as exc:
+            logger.warning(
+                "giving back row %s of kind %r failed (it expires by itself): %s", grant.key["pk"], grant.kind, exc
+            )
+    return released
+
+
+def _after_fork_in_child() -> None:
+    global _granted, _granted_lock
+    _granted = {}
+    _granted_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def process_identity() -> str:
     """``"<hostname>:<pid>"``: this process, as recorded on the rows it holds."""
     return f"{_HOSTNAME}:{os.getpid()}"
@@ -56,17 +133,26 @@ def default_holder(thread_name: str | None = None) -> str:
     return f"{process_identity()}:{name}"[:255]
 
 
+#: How many of the existing kinds the error of a kind without resources names.
+KINDS_SHOWN = 5
+
+
 def require_kind(alias: str, kind: str) -> None:
     """Raise ``NoResourceAvailable`` (``exists=False``) if ``kind`` has no resources at all,
     so that a caller says so at once instead of waiting out its timeout."""
-    if ops(alias).kind_exists(kind):
+    engine = ops(alias)
+    if engine.kind_exists(kind):
         return
+    known = engine.some_kinds(KINDS_SHOWN + 1)
+    listed = ", ".join(known[:KINDS_SHOWN]) + (", ..." if len(known) > KINDS_SHOWN else "") if known else "none"
     hint = ""
     if transaction.get_connection(alias).in_atomic_block:
         hint = (
             " (leases are taken on their own connection, which cannot see rows your open transaction has not committed)"
         )
-    raise NoResourceAvailable(f"there are no resources of kind {kind!r}{hint}", kind=kind, exists=False)
+    raise NoResourceAvailable(
+        f"there are no resources of kind {kind!r} (kinds: {listed}){hint}", kind=kind, exists=False
+    )
 
 
 def safety_margin(ttl: float) -> float:
@@ -203,11 +289,13 @@ class Lease:
         expired or been taken (another holder's lease is never touched)."""
         if os.getpid() != self._pid:
             return False  # a forked child never releases its parent's lease
+        refuse_on_event_loop("release")  # before anything changes here
         with self._lock:
             if self._released:
                 return False
             self._released = True
         renewal.renewer().discard(self)  # no more background renewals
+        _untrack(self)
         # An answer lost with the connection is settled by the operation (run again, else
         # read back whether the first one released it: docs/pitfalls.md#unknown-outcome).
         released, handed_to = self._ops().release_to_line(**self._key())
@@ -496,6 +584,7 @@ def attempt_grant(
     A ``turn`` that claims (``Turn.claiming``) runs no grant: it reads the grant a release
     handed to its place (PostgreSQL's RELEASE, ``db.line.LineStatements.hands_off``).
     """
+    keeper().refuse_when_stopping("grants")
     engine = ops(alias)
     row: Sequence[Any] | None
     handed = _handed_row(engine, turn, ttl=ttl, holder=holder)
@@ -533,6 +622,11 @@ def attempt_grant(
     if arrived_dead(lease):
         give_back_dead(lease, took=time.monotonic() - sent_at)
         return None
+    _track(lease)
+    if keeper().stopping.is_set():
+        # Granted while the process was giving back what it held: given back too.
+        lease.release()
+        keeper().refuse_when_stopping("grants")
     return lease
 
 

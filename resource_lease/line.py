@@ -22,6 +22,10 @@ the database (``models.Waiter``):
 4. When it is served, gives up (timeout) or is cancelled, it leaves the line at once
    (``LEAVE_LINE``); if it cannot (the database is down), the keeper leaves it as soon as
    the database answers (``resource_lease.leaving``), or its place expires after its ttl.
+5. A statement of its wait that could not even connect (``DatabaseUnavailable``: nothing
+   was sent, so nothing to settle) is asked again after a pause (``BACKOFF_BASE`` doubling up
+   to ``BACKOFF_MAX``) while its timeout lasts (``Waiting.unavailable``); the last refusal
+   is raised once the timeout has run out. A one-attempt call (``timeout=0``) raises at once.
 """
 
 from __future__ import annotations
@@ -39,8 +43,9 @@ from resource_lease.db.connections import LockWaitTimeout
 from resource_lease.db.line import ARRIVING, NEWCOMER, Look, Turn, left_by_grant
 from resource_lease.db.line import Place as WaitingPlace
 from resource_lease.db.operations import ops
-from resource_lease.exceptions import LeaseLost
+from resource_lease.exceptions import DatabaseUnavailable, LeaseLost
 from resource_lease.forking import at_fork
+from resource_lease.keeper import keeper
 from resource_lease.line_stats import stats
 from resource_lease.wakeups import Waker, board, listen, pass_turn, pushed, turn_channel, unlisten
 
@@ -228,6 +233,7 @@ def _enter(
     """Take a place at the back of ``line`` (``shared``: as a reader of an rwlock; ``handoff``:
     one that a release may hand a grant of ``ttl`` seconds, where the database can); its
     renewal starts at once."""
+    keeper().refuse_when_stopping("places in line")  # the process gives back what it holds
     _purge_now_and_then(line)
     sent_at = time.monotonic()
     marked_at = fresh_mark(line, where, ttl, sent_at)
@@ -273,13 +279,22 @@ ENTER_RETRY = 0.05
 
 #: Seconds between two purges of a line's expired places by this process.
 PURGE_EVERY = 10.0
+#: Seconds between two purges of every line's expired places by this process (a line nobody
+#: enters again is purged so).
+PURGE_ALL_EVERY = 60.0
 _purged: dict[Line, float] = {}
+_purged_all: dict[str, float] = {}
 
 
 def _purge_now_and_then(line: Line) -> None:
     """Drop the line's expired places (dead or paused waiters), at most every PURGE_EVERY
-    seconds per line and process: they never count, so this only keeps the table small."""
+    seconds per line and process, and every line's at most every PURGE_ALL_EVERY seconds per
+    alias and process: they never count, so this only keeps the table small."""
     now = time.monotonic()
+    if now - _purged_all.get(line.alias, -PURGE_ALL_EVERY) >= PURGE_ALL_EVERY:
+        _purged_all[line.alias] = _purged[line] = now
+        ops(line.alias).purge_lines()
+        return
     if now - _purged.get(line, -PURGE_EVERY) < PURGE_EVERY:
         return
     _purged[line] = now
@@ -379,6 +394,28 @@ class Waiting:
         self.waker = waker
         self.place: Place | None = None
         self._listening = False
+        self._refusals = 0  # statements that could not connect, in a row
+
+    def unavailable(self, exc: DatabaseUnavailable) -> float | None:
+        """A statement of this wait could not connect (nothing was sent): seconds to pause
+        before running it again, or None to give up (raise it) once the timeout has run out."""
+        left = None if self.deadline is None else self.deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return None
+        self._refusals += 1
+        base, cap = float(lease_settings.BACKOFF_BASE), float(lease_settings.BACKOFF_MAX)
+        pause = min(cap, base * 2 ** min(self._refusals - 1, 32))
+        if self._refusals == 1 or self._refusals % 30 == 0:
+            logger.warning(
+                "waiting in line %s: the database refused the connection (%s); asking again while the timeout lasts",
+                self.line,
+                exc,
+            )
+        return pause if left is None else min(pause, left)
+
+    def answered(self) -> None:
+        """A statement of this wait reached the database."""
+        self._refusals = 0
 
     def _enter(self) -> Place | None:
         """A place at the back of the line, or None if taking it waited out the bounded lock
@@ -649,12 +686,21 @@ def _wait_once(
     try:
         step = next(steps)
         while True:
-            if isinstance(step, Attempt):
-                value: Any = attempt(step.turn)
-            elif isinstance(step, Call):
-                value = step.run()
-            else:
-                value = waiting.waker.wait(step.seconds)
+            try:
+                if isinstance(step, Attempt):
+                    value: Any = attempt(step.turn)
+                elif isinstance(step, Call):
+                    value = step.run()
+                else:
+                    value = waiting.waker.wait(step.seconds)
+            except DatabaseUnavailable as exc:
+                pause = waiting.unavailable(exc)
+                if pause is None:
+                    raise
+                waiting.waker.wait(pause)
+                continue  # the same step again: it never reached the database
+            if not isinstance(step, Pause):
+                waiting.answered()
             step = steps.send(value)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
@@ -722,6 +768,7 @@ def forget_lines() -> None:
     forked child (the parent's waits are not the child's), and in tests once the rows it
     marked are gone (a remembered mark would skip a newcomer's first try on new rows)."""
     _purged.clear()
+    _purged_all.clear()
     _marks.clear()
 
 

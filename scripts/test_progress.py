@@ -4,6 +4,7 @@
     python scripts/test_progress.py watch --every 30 BACKEND... # progress lines until all finish
     python scripts/test_progress.py summary BACKEND...          # where each run stopped (Ctrl-C)
     python scripts/test_progress.py record BACKEND...           # remember a full run's durations
+    python scripts/test_progress.py interrupted BACKEND...      # exit 0 if pytest says one was interrupted
 
 Each backend's pytest writes ``var/test-logs/<backend>.progress`` (tests/progress.py); full
 runs' durations are kept in ``var/test-history.json`` for the next run's estimate.
@@ -121,6 +122,11 @@ def summary(backends: list[str]) -> None:
             print(f"  was running {state['current']}")
 
 
+def interrupted(backends: list[str]) -> bool:
+    """Whether pytest reported one of the runs interrupted (Ctrl-C reached it)."""
+    return any((read(backend) or {}).get("interrupted") for backend in backends)
+
+
 def record(backends: list[str]) -> None:
     past = history()
     for backend in backends:
@@ -134,10 +140,12 @@ def record(backends: list[str]) -> None:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", choices=["plan", "watch", "summary", "record"])
+    parser.add_argument("action", choices=["plan", "watch", "summary", "record", "interrupted"])
     parser.add_argument("backends", nargs="+")
     parser.add_argument("--every", type=float, default=30.0, help="seconds between two progress lines")
     args = parser.parse_args(argv)
+    if args.action == "interrupted":
+        return 0 if interrupted(args.backends) else 1
     try:
         {"plan": plan, "summary": summary, "record": record}.get(args.action, lambda b: watch(b, args.every))(
             args.backends

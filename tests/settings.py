@@ -41,3 +41,14 @@ if os.environ.get("RESOURCE_LEASE_TEST_DOWN_ALIAS"):
         _down["NAME"] = "down"
         _down["OPTIONS"]["connect_timeout"] = 5
     DATABASES["down"] = _down
+
+# An alias whose database answers only after a while (tests/test_database_late.py's child
+# process): the test database, reached through a port the test starts forwarding later
+# (SQLite: through a directory link the test creates later).
+if os.environ.get("RESOURCE_LEASE_TEST_LATE"):
+    _late = {**DATABASES["default"], "OPTIONS": {**DATABASES["default"]["OPTIONS"]}}
+    if _late["ENGINE"].endswith("sqlite3"):
+        _late["NAME"] = os.path.join(os.environ["RESOURCE_LEASE_TEST_LATE"], os.path.basename(str(_late["NAME"])))
+    else:
+        _late["HOST"], _late["PORT"] = "127.0.0.1", os.environ["RESOURCE_LEASE_TEST_LATE"]
+    DATABASES["late"] = _late

@@ -12,8 +12,25 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from django.core.exceptions import SynchronousOnlyOperation
 
-from resource_lease import Election, LockHeld, aacquire, acquire, alock, asemaphore, line, lock, synchronized, watch
+from resource_lease import (
+    Config,
+    Election,
+    Group,
+    LeaseError,
+    LockHeld,
+    SyncCallFromAsync,
+    aacquire,
+    acquire,
+    alock,
+    asemaphore,
+    counter,
+    line,
+    lock,
+    synchronized,
+    watch,
+)
 from resource_lease.aio import in_thread
 from resource_lease.exceptions import NoResourceAvailable
 from resource_lease.line import Line, waiters
@@ -255,3 +272,67 @@ async def test_arwlock_readers_share_and_a_waiting_writer_is_woken_without_block
 
 async def _write(rw: Any) -> Any:
     return await rw.write(ttl=30, timeout=30)
+
+
+# -- a sync call on the loop is a programming error naming the twin; twins of every read ------
+
+
+@pytest.mark.usefixtures("pools")
+async def test_a_sync_call_on_the_loop_is_a_programming_error_naming_the_async_twin() -> None:
+    # Before: DatabaseUnavailable "cannot connect ... You cannot call this from an async
+    # context", an outage-class error (a LeaseError) for what is a bug in the caller.
+    with pytest.raises(SyncCallFromAsync, match=r"acquire\(\) was called from async code.*aacquire") as caught:
+        acquire("aio", ttl=30)
+    assert not isinstance(caught.value, LeaseError)
+    assert isinstance(caught.value, SynchronousOnlyOperation)
+    with pytest.raises(SyncCallFromAsync, match=r"lock\(\) .*alock"):
+        lock("aio-sync", ttl=30)
+    lease = await aacquire("aio", ttl=30)
+    with pytest.raises(SyncCallFromAsync, match=r"Lease\.release\(\) .*lease\.arelease\(\)"):
+        lease.release()
+    election = Election("aio-sync")
+    with pytest.raises(SyncCallFromAsync, match=r"Election\.leader\(\) .*election\.aleader\(\)"):
+        election.leader()
+    assert await lease.arelease()
+
+
+@pytest.mark.usefixtures("pools")
+async def test_create_task_accepts_the_async_entry_points() -> None:
+    # Before: TypeError, "a coroutine was expected, got <Acquiring ...>".
+    task = asyncio.create_task(aacquire("aio", ttl=30))
+    lease = await asyncio.wait_for(task, 30)
+    assert await lease.arelease()
+    locked = await asyncio.ensure_future(alock("aio-task", ttl=30))
+    assert await locked.arelease()
+    async with alock("aio-task", ttl=30) as again:  # still an async context manager
+        assert again.fence > locked.fence
+
+
+async def test_every_read_of_a_primitive_has_its_async_twin() -> None:
+    election = Election("aio-reads")
+    assert await election.aleader() is None and not await election.ais_leader()
+    assert await election.astate() == {}
+    await election.acampaign(timeout=0)
+    assert await election.aleader() == election.lease.holder and await election.ais_leader()  # type: ignore[union-attr]
+    await election.asave_state({"day": 3})
+    assert (await election.astate()) == {"day": 3} == (await election.arecord())["state"]
+    assert await election.aresign()
+
+    group = Group("aio-reads", member="m1")
+    assert await group.ajoin() is group
+    assert await group.amembers() == ["m1"] and await group.asize() == 1 and await group.aindex() == 0
+    assert await group.aview() == (["m1"], 0)
+    assert await group.aowns("k") and await group.aowned(["a", "b"]) == ["a", "b"]
+    assert await group.amembers(with_data=True) == {"m1": {}}
+    assert await group.aleave()
+
+    config = await in_thread(Config, "aio-reads", {"n": 1}, poll=0.01)
+    assert await config.aget("n") == 1
+    await config.aset("n", 2)
+    assert await config.acompare_and_set("n", 2, 3)
+    assert await config.aas_dict() == {"n": 3}
+    await config.areset("n")
+    assert await config.aget("n") == 1
+
+    hits = counter("aio-reads")
+    assert await hits.aadd(2) == 2 and await hits.avalue() == 2

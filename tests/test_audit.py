@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -151,7 +152,10 @@ def test_operator_actions_are_recorded_with_the_actor_and_reason(make_pool: Any,
         "",
     )
     assert LeaseEvent.objects.get(event="force_released").summary == "cut off crawler-1"
-    assert rows[5][0::4] == ("quarantined", "")  # outside acting_as: no actor
+    # Outside acting_as (code calling pool.quarantine): the process, not "-" (as before).
+    assert rows[5][0] == "quarantined" and rows[5][4] == audit.code_actor()
+    assert re.fullmatch(r"code: .+@.+:\d+", rows[5][4])
+    assert LeaseEvent.objects.filter(event="quarantined", name=lease.resource.name).get().who == rows[5][4]
 
 
 def test_a_quarantine_names_the_operator_not_the_last_dead_holder(make_pool: Any, audit_on: Any) -> None:

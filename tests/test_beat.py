@@ -257,3 +257,31 @@ def test_negative_control_a_leader_that_forgets_the_stored_schedule_resends(
     print(f"negative control, forgetful leader: slow gaps {gaps(slow)}")
     assert len(slow) >= 2
     assert min(gaps(slow)) < SLOW - 0.7, "the check did not notice the slow task sent again"
+
+
+def test_the_banner_line_is_indented_like_celerys_own() -> None:
+    """``celery beat`` prints the scheduler's ``info`` as one line of its "Configuration ->"
+    list: before, "leader election (not set up)" stood unindented among "    . x -> y" lines."""
+    from celery.apps.beat import STARTUP_INFO_FMT
+
+    from resource_lease.contrib.beat import LeaderScheduler
+
+    scheduler = LeaderScheduler.__new__(LeaderScheduler)
+    scheduler.election = None
+    for election in (None, Election("celery-beat:banner", ttl=15)):
+        scheduler.election = election
+        banner = STARTUP_INFO_FMT.format(
+            timestamp="now",
+            conninfo="redis://",
+            loader="app",
+            scheduler="LeaderScheduler",
+            scheduler_info=scheduler.info,
+            logfile="[stderr]",
+            loglevel="INFO",
+            hmax_interval="5.00 seconds",
+            max_interval=5,
+            remote_control_info="",
+        )
+        listed = banner.split("Configuration ->\n", 1)[1].splitlines()
+        assert all(line.startswith("    . ") for line in listed), banner
+        assert any(line.startswith("    . leader election -> ") for line in listed), banner

@@ -372,6 +372,22 @@ def test_eager_apply_waits_the_countdown_between_attempts(
     assert took >= 0.1 + 0.2, "the countdowns (0.1-0.2 s, then 0.2-0.4 s) were not slept"
 
 
+def test_the_no_resource_free_log_line_names_the_filter(
+    make_pool: Callable[..., list[Resource]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, a task waiting for ``{"region": "eu"}`` logged "no 'K' resource free" while
+    resources of the kind were free: the filter is what made none fit."""
+    make_pool(KIND, 1)
+    task = declare(
+        lease_kind=KIND, lease_where={"region": "eu"}, lease_retry_countdown=0.01, lease_retry_countdown_max=0.02
+    )
+    task.max_retries = 0
+    caplog.set_level(logging.INFO, logger="resource_lease")
+    assert isinstance(task.apply().result, NoResourceAvailable)
+    (line,) = [r.getMessage() for r in caplog.records if "free (attempt" in r.getMessage()]
+    assert f"no {KIND!r} resource matching {{'region': 'eu'}} free (attempt 1), giving up" in line, line
+
+
 # -- with a real worker -------------------------------------------------------------------
 
 

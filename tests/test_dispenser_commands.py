@@ -59,6 +59,15 @@ def test_enqueue_bad_line_names_it_and_writes_nothing(text: str, message: str) -
     assert not DispenserItem.objects.exists()
 
 
+def test_enqueue_reports_every_bad_line_not_only_the_first() -> None:
+    with pytest.raises(CommandError) as caught:
+        call("enqueue", "q", "-", stdin="ok\nbad {nope\nfine\nok\nnan NaN\n")
+    message = str(caught.value)
+    assert message.startswith("standard input: 3 bad lines, nothing was written")
+    assert "line 2:" in message and "line 4: key 'ok' appears twice" in message and "line 5:" in message
+    assert not DispenserItem.objects.exists()
+
+
 def test_enqueue_bad_name_or_file() -> None:
     with pytest.raises(CommandError, match="name must be"):
         call("enqueue", " ", "-", stdin="a\n")

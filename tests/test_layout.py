@@ -10,7 +10,7 @@ from pathlib import Path
 
 APP = Path(__file__).resolve().parent.parent / "resource_lease"
 MAX_CLASS_LINES = 300
-THREAD_SITES = {"keeper.py", "audit.py", "db/listen.py", "holder/registry.py"}
+THREAD_SITES = {"keeper.py", "audit.py", "db/listen.py", "shutdown.py"}
 
 
 def _modules() -> dict[str, Path]:

@@ -70,6 +70,19 @@ def test_a_kind_without_resources_says_so_at_once(make_pool) -> None:
     assert time.monotonic() - started < 15, "it waited for the timeout instead of saying so at once"
 
 
+def test_a_kind_without_resources_names_a_few_kinds_that_exist(make_pool) -> None:
+    from resource_lease import lock
+
+    make_pool("proxy", 1)
+    lock("not-a-pool", ttl=5).release()  # a coordination row ("@lock"): not a pool's kind
+    with pytest.raises(NoResourceAvailable, match=r"no resources of kind 'proxi' \(kinds: proxy\)"):
+        acquire("proxi", ttl=5)
+    for kind in ("a1", "a2", "a3", "a4", "a5"):
+        make_pool(kind, 1)
+    with pytest.raises(NoResourceAvailable, match=r"\(kinds: a1, a2, a3, a4, a5, \.\.\.\)"):
+        acquire("proxi", ttl=5)
+
+
 def test_timeout_keeps_trying_until_a_resource_is_released(make_pool) -> None:
     make_pool("proxy", 1)
     first = acquire("proxy", ttl=30)
@@ -431,3 +444,41 @@ def test_lost_is_a_bool_so_if_lease_lost_reads_as_it_should(make_pool) -> None:
     assert lease.lost is True and lease.lost_event.is_set()
     with pytest.raises(AttributeError):
         lease.lost = False  # type: ignore[misc]  # read-only: the Event decides
+
+
+@pytest.mark.parametrize("closer", ["on", "off"])
+def test_an_ended_threads_lease_connections_close_with_it_not_at_the_next_collection(
+    make_pool, monkeypatch, closer: str
+) -> None:
+    """Lease connections of user threads that ended were closed only by a garbage collection
+    (they sit in reference cycles): a pool of short-lived threads kept dozens open. ``off`` is
+    the negative control: the closer disabled, the connections stay open until collected."""
+    import gc
+
+    from resource_lease.db import connections as lease_connections
+
+    if closer == "off":
+        monkeypatch.setattr(lease_connections._ClosedWithThread, "__del__", lambda self: None)
+    make_pool("proxy", 1)
+    seen: list = []
+
+    def work() -> None:
+        acquire("proxy", ttl=30).release()
+        seen.append(lease_connections.lease_connection("default"))
+
+    gc.disable()  # no collection may close them meanwhile
+    try:
+        threads = [threading.Thread(target=work) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+            thread.join()
+        del threads
+        still_open = [conn for conn in seen if conn.wrapper.connection is not None]
+        if closer == "on":
+            assert still_open == []
+        else:
+            assert len(still_open) == 3
+    finally:
+        gc.enable()
+        for conn in seen:
+            conn.close()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from resource_lease import LeaseError, acquire
@@ -159,3 +160,40 @@ def test_a_sqlite_file_already_in_wal_mode_needs_no_init_command(tmp_path: Path)
     db.close()
     with override_settings(DATABASES=_sqlite(tmp_path, transaction_mode="IMMEDIATE")):
         assert check_sqlite_concurrency() == []
+
+
+# -- the settings' shape, at first use (a Celery worker or a script runs no checks) ------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("user", "says"),
+    [
+        ({"TTl": 5}, r"unknown key 'TTl' \(did you mean 'TTL'\?\)"),
+        ({"TTL": 5, "RENEW_FRACTON": 0.3}, r"unknown key 'RENEW_FRACTON' \(did you mean 'RENEW_FRACTION'\?\)"),
+        ({"COLOUR": "blue"}, r"unknown key 'COLOUR' \(known keys: AUDIT, "),
+        (["TTL", 5], r"RESOURCE_LEASE must be a dict, got list"),
+        ("TTL=5", r"RESOURCE_LEASE must be a dict, got str"),
+    ],
+)
+def test_a_typo_or_a_non_dict_fails_the_first_use_naming_the_key(make_pool: Any, user: Any, says: str) -> None:
+    make_pool("proxy", 1)
+    with override_settings(RESOURCE_LEASE=user), pytest.raises(ImproperlyConfigured, match=says):
+        acquire("proxy")
+    assert acquire("proxy").release()  # nothing was written: the resource is free
+
+
+def test_the_system_check_suggests_the_close_match() -> None:
+    with override_settings(RESOURCE_LEASE={"TTl": 5}):
+        (message,) = check_settings()
+    assert message.id == "resource_lease.E004" and "did you mean 'TTL'?" in (message.hint or "")
+
+
+def test_a_script_with_a_typo_fails_instead_of_using_the_defaults(tmp_path: Path) -> None:
+    settings_module = tmp_path / "typo_settings.py"
+    settings_module.write_text("from tests.settings import *\nRESOURCE_LEASE = {'TTl': 5}\n")
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "typo_settings", "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    code = "import django; django.setup()\nfrom resource_lease.conf import lease_settings\nprint(lease_settings.TTL)\n"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0, proc.stdout  # before: printed 30.0, the default
+    assert "LeaseConfigError: RESOURCE_LEASE has an unknown key 'TTl' (did you mean 'TTL'?)" in proc.stderr

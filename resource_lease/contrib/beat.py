@@ -85,11 +85,14 @@ class LeaderScheduler(Scheduler):
 
     @property
     def info(self) -> str:
+        # One line of the banner's "Configuration" list: Celery prints it as it is, between
+        # "    . scheduler -> ..." and "    . logfile -> ...", so it carries their indent.
         election = self.election
         if election is None:
-            return "leader election (not set up)"
+            return "    . leader election -> (not set up)"
         return (
-            f"leader election {election.name!r} as {election.holder!r} (ttl {election.ttl:g}s, db {election.using!r})"
+            f"    . leader election -> {election.name!r} as {election.holder!r}"
+            f" (ttl {election.ttl:g}s, db {election.using!r})"
         )
 
     # -- the loop ------------------------------------------------------------------------

@@ -14,7 +14,11 @@ runs and released when it returns, raises or retries. When no resource is free t
 retried later (a countdown with jitter) instead of keeping a worker slot busy; once
 ``max_retries`` is exhausted it fails with ``NoResourceAvailable``.
 
-A worker that dies (SIGKILL, a hard time limit, a lost machine) releases nothing: its
+A worker process stopped by SIGTERM gives back every lease it holds at once: importing this
+module connects ``worker_init`` and ``worker_process_init`` to
+``resource_lease.install_sigterm_handler()`` (which chains to a handler installed before it,
+and gives back what is still held when the process exits normally, as after Celery's warm
+shutdown). A worker that dies (SIGKILL, a hard time limit, a lost machine) releases nothing: its
 renewals stop with it, so the lease expires ``lease_ttl`` seconds later by the database's
 clock, and a redelivered task (``acks_late``) gets a resource again then.
 """
@@ -28,7 +32,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from celery import Task
+from celery import Task, signals
 
 from resource_lease.exceptions import LeaseDatabaseError, NoResourceAvailable
 from resource_lease.validation import (
@@ -200,15 +204,19 @@ class LeaseTask(Task):
             if not exc.exists or request.called_directly:
                 raise  # nothing to wait for (a misconfiguration must fail loudly), or no worker
             attempt = request.retries + 1
+            matching = "" if self.lease_where is None else f" matching {self.lease_where!r}"
             if self.max_retries is not None and request.retries >= self.max_retries:
-                logger.warning("%s[%s]: no %r resource free (attempt %d), giving up", self.name, task_id, kind, attempt)
+                logger.warning(
+                    "%s[%s]: no %r resource%s free (attempt %d), giving up", self.name, task_id, kind, matching, attempt
+                )
                 raise
             countdown = self.lease_retry_delay(request.retries)
             logger.info(
-                "%s[%s]: no %r resource free (attempt %d), retrying in %.2fs",
+                "%s[%s]: no %r resource%s free (attempt %d), retrying in %.2fs",
                 self.name,
                 task_id,
                 kind,
+                matching,
                 attempt,
                 countdown,
             )
@@ -276,3 +284,17 @@ def _validate_options(cls: type[LeaseTask]) -> None:
     retries = getattr(cls, "max_retries", None)
     if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int) or retries < 0):
         raise ValueError(f"max_retries must be an integer >= 0 or None, got {retries!r}")
+
+
+def _give_back_on_sigterm(**_: Any) -> None:
+    """A Celery worker process (the main one, and each prefork child as it starts) gives
+    back what it holds on SIGTERM and at exit (``resource_lease.install_sigterm_handler``)."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # Python's signal rule: only the main thread installs handlers
+    from resource_lease.shutdown import install_sigterm_handler
+
+    install_sigterm_handler()
+
+
+signals.worker_init.connect(_give_back_on_sigterm, weak=False)
+signals.worker_process_init.connect(_give_back_on_sigterm, weak=False)

@@ -342,3 +342,9 @@ class Dialect(GrantStatements):
         if value.tzinfo is None:
             value = value.replace(tzinfo=dt.UTC)
         return value
+
+
+def some_kinds(dialect: Dialect, cursor: Any, *, limit: int) -> list[str]:
+    """Up to ``limit`` of the pools' kinds, sorted (``SOME_KINDS``: coordination rows left out)."""
+    cursor.execute(statements.fill(dialect.sql["SOME_KINDS"], limit=str(int(limit))), ("@%",))
+    return [row[0] for row in cursor.fetchall()]

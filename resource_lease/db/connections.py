@@ -17,9 +17,11 @@ threads that did not survive fork.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import random
+import sys
 import threading
 import time
 import weakref
@@ -35,7 +37,7 @@ from resource_lease.conf import lease_settings
 from resource_lease.db import dialect_class
 from resource_lease.db.base import Dialect, Failure
 from resource_lease.db.picking import Picker
-from resource_lease.exceptions import DatabaseUnavailable, LeaseDatabaseError
+from resource_lease.exceptions import DatabaseUnavailable, LeaseDatabaseError, SyncCallFromAsync
 from resource_lease.forking import at_fork, fork_gate
 
 logger = logging.getLogger("resource_lease")
@@ -133,10 +135,36 @@ class LeaseConnection:
             os.close(devnull)
 
 
+class _ClosedWithThread:
+    """Closes a thread's lease connections when the thread ends.
+
+    A thread's thread-locals are dropped as it ends, but a ``LeaseConnection`` sits in
+    reference cycles (its wrapper and dialect), so it would only be closed by the next garbage
+    collection, keeping a server connection open meanwhile (a pool of user threads that come
+    and go held dozens). This object, kept beside them in the thread-local and in no cycle,
+    is freed the moment the thread ends, and closes them then. In a forked child (a thread
+    that did not survive fork) it closes nothing: those sockets are the parent's."""
+
+    def __init__(self, conns: dict[str, LeaseConnection]) -> None:
+        self.conns = conns
+
+    def __del__(self) -> None:
+        conns = self.conns
+        if any(conn.pid != os.getpid() for conn in conns.values()):
+            _inherited.append(conns.copy())  # the parent's: never closed here
+            return
+        for conn in list(conns.values()):
+            try:
+                conn.close()
+            except Exception:  # a destructor must not raise; the server times the session out
+                logger.debug("closing an ended thread's lease connection failed", exc_info=True)
+
+
 def _connections() -> dict[str, LeaseConnection]:
     conns: dict[str, LeaseConnection] | None = getattr(_local, "conns", None)
     if conns is None:
         conns = _local.conns = {}
+        _local.closer = _ClosedWithThread(conns)
     return conns
 
 
@@ -192,6 +220,7 @@ def run(alias: str, statement: Callable[[Dialect, Any], T], *, what: str) -> T:
     docs/pitfalls.md#unknown-outcome). It runs inside the fork gate: a fork waits for it to
     end (docs/pitfalls.md#fork).
     """
+    refuse_on_event_loop(what)
     with fork_gate.inside():
         return _run(alias, statement, what=what)
 
@@ -237,6 +266,61 @@ def _run(alias: str, statement: Callable[[Dialect, Any], T], *, what: str) -> T:
                 raise LockWaitTimeout(f"{what} waited too long for a row lock on {alias!r}: {error}") from exc
             raise LeaseDatabaseError(f"{what} failed on database {alias!r}: {error}") from exc
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+#: The async twin of each public blocking call (by its qualified name), for the message of
+#: ``SyncCallFromAsync``; a call not listed is told of ``a<name>`` and ``sync_to_async``.
+ASYNC_TWINS = {
+    "acquire": "await aacquire(...) (or async with aacquire(...))",
+    "lock": "await alock(...) (or async with alock(...))",
+    "semaphore": "await asemaphore(...) (or async with asemaphore(...))",
+    "RwLock.read": "await arwlock(name).read(...)",
+    "RwLock.write": "await arwlock(name).write(...)",
+    "Lease.release": "await lease.arelease()",
+    "Lease.renew": "await lease.arenew()",
+    "Lease.is_held": "await lease.ais_held()",
+    "Lease.__exit__": "async with (await aacquire(...)), or async with aacquire(...)",
+    "Lease.__enter__": "async with aacquire(...)",
+    "Election.campaign": "await election.acampaign()",
+    "Election.resign": "await election.aresign()",
+    "Election.is_leader": "await election.ais_leader()",
+    "Election.leader": "await election.aleader()",
+    "Election.record": "await election.arecord()",
+    "Election.state": "await election.astate()",
+    "Election.save_state": "await election.asave_state(state)",
+    "Config.__getitem__": "await config.aget(key)",
+    "Config.get": "await config.aget(key)",
+}
+
+
+def refuse_on_event_loop(what: str) -> None:
+    """Raise ``SyncCallFromAsync`` if an event loop runs in this thread (unless Django's
+    ``DJANGO_ALLOW_ASYNC_UNSAFE`` is set): every statement checks, and a call that changes
+    its own state before its statement (``Lease.release``) checks first."""
+    if asyncio._get_running_loop() is not None and not os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE"):
+        # Django's own guard would only say so when the connection opens, and as an error
+        # connecting (an outage, to whoever handles one): say what is wrong, and what to use.
+        raise sync_call_from_async(what)
+
+
+def sync_call_from_async(what: str) -> SyncCallFromAsync:
+    """The error for a blocking call made on a thread that runs an event loop, naming the
+    public call (the outermost frame of this library) and its async twin."""
+    called = what
+    frame = sys._getframe(2)
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    while frame is not None:
+        if os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+            called = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+        else:
+            break
+        frame = frame.f_back  # type: ignore[assignment]
+    name = called.rsplit(".", 1)[-1]
+    twin = ASYNC_TWINS.get(called) or f"its async twin a{name}() if it has one"
+    return SyncCallFromAsync(
+        f"{called}() was called from async code (an event loop runs in this thread), where a blocking"
+        f" database call would stall the loop: use {twin}, or run it in a thread (asgiref's sync_to_async)"
+    )
 
 
 def unavailable(alias: str, what: str, error: BaseException) -> DatabaseUnavailable:

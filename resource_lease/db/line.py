@@ -306,6 +306,11 @@ class LineStatements:
         longer count, they only take room."""
         cursor.execute(self.sql["PURGE_LINE"], (kind, name))
 
+    def purge_lines(self, cursor: Any) -> int:
+        """Drop every line's expired places; how many."""
+        cursor.execute(self.sql["PURGE_LINES"])
+        return int(cursor.rowcount or 0)
+
     def find_place(self, cursor: Any, *, token: str) -> int | None:
         """The place taken under ``token``, if that insert committed (settles a lost answer)."""
         cursor.execute(self.sql["FIND_PLACE"], (token,))

@@ -128,6 +128,10 @@ class LineOperations:
         """Drop the line's expired places (dead or paused waiters)."""
         run_repeatable(self.alias, lambda d, c: d.purge_line(c, kind=kind, name=name), what=f"purging line {kind}")
 
+    def purge_lines(self) -> int:
+        """Drop every line's expired places (lines nobody enters again too); how many."""
+        return run_repeatable(self.alias, lambda d, c: d.purge_lines(c), what="purging the lines")
+
     def look(self, kind: str, name: str, *, turn: Turn, where: str | None, shared: bool = False) -> Look:
         """A waiter's look at its line (reads only; ``shared``: as a reader of an rwlock)."""
         return run_repeatable(

@@ -22,7 +22,7 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from resource_lease.db.base import Dialect, Row
+from resource_lease.db.base import Dialect, Row, some_kinds
 from resource_lease.db.connections import Disconnected, LockWaitTimeout, lease_connection, run, run_repeatable
 from resource_lease.db.item_operations import Claimed, ItemOperations
 from resource_lease.db.line import NEWCOMER, Turn
@@ -163,6 +163,10 @@ class Operations(ItemOperations, LineOperations, TermOperations):
 
     def kind_exists(self, kind: str) -> bool:
         return run_repeatable(self.alias, lambda d, c: d.kind_exists(c, kind), what=f"looking up kind {kind!r}")
+
+    def some_kinds(self, limit: int = 5) -> list[str]:
+        """Up to ``limit`` of the pools' kinds, sorted (coordination rows left out)."""
+        return run_repeatable(self.alias, lambda d, c: some_kinds(d, c, limit=limit), what="listing the kinds")
 
     def insert_missing(self, kind: str, names: Sequence[str], *, data: str = "{}") -> None:
         run_repeatable(

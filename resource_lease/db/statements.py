@@ -258,6 +258,10 @@ LEAVE_LINE = "DELETE FROM {waiters} WHERE id = {p}"
 # whoever enters the line next drops them. (kind, name)
 PURGE_LINE = "DELETE FROM {waiters} WHERE kind = {p} AND name = {p} AND expires_at <= {now}"
 
+# Every line's expired places, now and then: a line nobody enters again is never purged by
+# PURGE_LINE (its newcomers run it). ()
+PURGE_LINES = "DELETE FROM {waiters} WHERE expires_at <= {now}"
+
 # A waiter's look at its line, all reads (no row lock, cheap enough to run often): whether its
 # place is live, how many live waiters are ahead of it (and how many of those have a where=
 # of their own: they may not want the rows it could take), whether a row it could take is
@@ -307,6 +311,10 @@ LINE_WAITERS = (
 # (kind)
 KIND_EXISTS = "SELECT 1 FROM {table} WHERE kind = {p} LIMIT 1"
 
+# A few of the pools' kinds, for the error of a kind that has none (coordination rows, whose
+# kinds start with '@', left out). (coordination prefix pattern)
+SOME_KINDS = "SELECT DISTINCT kind FROM {table} WHERE kind NOT LIKE {p} ORDER BY kind LIMIT {limit}"
+
 # A semaphore's slot count: enable the names before a bound, disable the others; a row that
 # already agrees is not touched. (below, kind, below)
 LIMIT_SLOTS = "UPDATE {table} SET enabled = (name < {p}) WHERE kind = {p} AND enabled <> (name < {p})"
@@ -354,12 +362,14 @@ TEMPLATES: dict[str, str | Returning] = {
     "RENEW_PLACE": RENEW_PLACE,
     "LEAVE_LINE": LEAVE_LINE,
     "PURGE_LINE": PURGE_LINE,
+    "PURGE_LINES": PURGE_LINES,
     "LOOK_ANY": LOOK_ANY,
     "LOOK_FREE": LOOK_FREE,
     "LOOK_NAMED": LOOK_NAMED,
     "LINE_WAITERS": LINE_WAITERS,
     **RW_TEMPLATES,
     "KIND_EXISTS": KIND_EXISTS,
+    "SOME_KINDS": SOME_KINDS,
     "LIMIT_SLOTS": LIMIT_SLOTS,
     "INSERT_MISSING": INSERT_MISSING,
     "READ_KIND": READ_KIND,

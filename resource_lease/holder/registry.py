@@ -8,20 +8,15 @@ holders and their leases are not the child's to terminate.
 
 from __future__ import annotations
 
-import logging
-import signal
 import threading
 import weakref
-from types import FrameType
 from typing import TYPE_CHECKING
 
+from resource_lease import shutdown
 from resource_lease.forking import at_fork
-from resource_lease.validation import check_seconds
 
 if TYPE_CHECKING:
     from resource_lease.holder.thread import ResourceHolder
-
-logger = logging.getLogger("resource_lease")
 
 # Holders that may hold a lease in this process, for ``terminate_all()`` (SIGTERM).
 _live: weakref.WeakSet[ResourceHolder] = weakref.WeakSet()
@@ -55,29 +50,15 @@ def terminate_all(timeout: float | None = 10.0) -> int:
 
 
 def install_sigterm_handler(timeout: float = 15.0) -> None:
-    """On SIGTERM, terminate every live holder (releasing its lease), then exit.
+    """``resource_lease.install_sigterm_handler``: on SIGTERM, terminate every live holder
+    and give back every other lease and place in line of this process, then exit (or call
+    the handler installed before); at a normal exit, give back what is still held."""
+    shutdown.install_sigterm_handler(timeout)
 
-    A handler installed before is called afterwards instead of exiting (it decides); else
-    the process exits with ``SystemExit(128 + SIGTERM)``, so ``finally`` blocks run.
-    Call it from the main thread.
-    """
-    wait = check_seconds(timeout, "timeout")
-    previous = signal.getsignal(signal.SIGTERM)
 
-    def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        # The releases run on a thread of their own: the handler interrupts the main thread
-        # anywhere, possibly inside a lock a release needs. Not a daemon, so if it has to wait
-        # for the main thread to unwind, the interpreter still lets it finish before exiting.
-        worker = threading.Thread(target=terminate_all, name="resource-lease-sigterm")
-        worker.start()
-        worker.join(wait)
-        logger.info("SIGTERM: terminated this process's resource holders")
-        if callable(previous):
-            previous(signum, frame)
-            return
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+# The holders go first when the process gives back what it holds: their threads would
+# otherwise take a resource again.
+shutdown.give_back_first(terminate_all)
 
 
 def _after_fork_in_child() -> None:

@@ -39,6 +39,9 @@ class HolderSteps(metaclass=abc.ABCMeta):
     def is_valid(self) -> bool:
         """Whether ``self.resource`` works; False quarantines it. May set ``invalid_reason``.
 
+        Required: the one abstract method (a subclass without it cannot be instantiated:
+        ``TypeError`` naming ``is_valid``); ``return True`` when every resource is fine.
+
         Called with the candidate leased (so nobody else probes it at the same time). An
         exception is not taken as "invalid": it is raised to the caller of ``acquire()`` or
         ``fix()`` (the thread logs it and retries), so a bug cannot quarantine a whole pool.

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
+from resource_lease.aio import async_twin
 from resource_lease.db.operations import ops
 from resource_lease.db.topics import channel
 from resource_lease.models import ConfigEntry
@@ -191,6 +192,10 @@ class Config:
         """Every key's current value."""
         return {key: self[key] for key in self.keys()}
 
+    aget = async_twin(__getitem__)
+
+    aas_dict = async_twin(as_dict)
+
     @property
     def defaults(self) -> dict[str, Any]:
         return copy.deepcopy(self._defaults)
@@ -204,6 +209,8 @@ class Config:
         self._known(key)
         value = coerce(self._types[key], value, key)
         self._write(key, encode_json(value, f"config key {key!r}"), value)
+
+    aset = async_twin(set)  # noqa: A003 - the method above, not the builtin
 
     def compare_and_set(self, key: str, expected: Any, new: Any) -> bool:
         """Store ``new`` for ``key`` only if its current value is ``expected`` (its default
@@ -241,10 +248,14 @@ class Config:
                         self._stored[key] = (version + 1, new)
                 return True
 
+    acompare_and_set = async_twin(compare_and_set)
+
     def reset(self, key: str) -> None:
         """Remove the stored value of ``key``: its default applies again (a change watchers see)."""
         self._known(key)
         self._write(key, None, self._defaults[key])
+
+    areset = async_twin(reset)
 
     def _write(self, key: str, text: str | None, value: Any) -> None:
         refuse_inside_single_writer_transaction(self.using, "Config.set()")

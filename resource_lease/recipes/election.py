@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from resource_lease import named
+from resource_lease.aio import async_twin
 from resource_lease.conf import lease_settings
 from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseError, LeaseLost, NoResourceAvailable
@@ -117,12 +118,6 @@ class Election:
 
         return await arun(await in_thread(self._campaigning, timeout))
 
-    async def aresign(self) -> bool:
-        """``resign()`` for async code."""
-        from resource_lease.aio import in_thread
-
-        return await in_thread(self.resign)
-
     async def __aenter__(self) -> Election:
         """``async with Election(name) as election:`` campaigns (for as long as it takes) and
         resigns on the way out."""
@@ -195,6 +190,8 @@ class Election:
         self._revoked(lease, "resigned")
         return released
 
+    aresign = async_twin(resign)
+
     def _wake_observers(self) -> None:
         try:
             ops(self.using).wake_observers(observers_channel(self.name))
@@ -215,9 +212,13 @@ class Election:
         lease.mark_lost("the database no longer has this candidate as the leader")
         return False
 
+    ais_leader = async_twin(is_leader)
+
     def leader(self) -> str | None:
         """The live leader's holder id, or None (judged by the database's clock)."""
         return self.record()["leader"]
+
+    aleader = async_twin(leader)
 
     def record(self) -> dict[str, Any]:
         """``{"leader": holder or None, "expires_at": datetime or None, "state": dict}``,
@@ -230,6 +231,8 @@ class Election:
             "expires_at": live.busy_before if live is not None else None,
             "state": dict(row.data or {}) if row is not None else {},
         }
+
+    arecord = async_twin(record)
 
     # -- observing -------------------------------------------------------------------
 
@@ -258,6 +261,8 @@ class Election:
         state: dict[str, Any] = self.record()["state"]
         return state
 
+    astate = async_twin(state.fget)  # type: ignore[attr-defined]
+
     def save_state(self, state: dict[str, Any]) -> None:
         """Store ``state`` as the hand-over state, only if we are still the leader.
 
@@ -272,6 +277,8 @@ class Election:
         if not named.write_data(lease, state):
             lease.mark_lost("a fenced write of the election's state found the leadership expired or taken")
             raise LeaseLost(f"{lease!r}: {lease.lost_reason}")
+
+    asave_state = async_twin(save_state)
 
     # -- run, start, stop ------------------------------------------------------------
 

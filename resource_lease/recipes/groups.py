@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import Any, overload
 
 from resource_lease import named
+from resource_lease.aio import async_twin
 from resource_lease.exceptions import MemberTaken
 from resource_lease.lease import Lease, process_identity
 from resource_lease.validation import Options, check_callable, check_json_dict, check_name, check_seconds, check_timeout
@@ -145,6 +146,8 @@ class Group:
             self._join(wait)
         return self
 
+    ajoin = async_twin(join)
+
     def _join(self, wait: float | None) -> None:
         with self._lock:
             if self._joined:
@@ -188,6 +191,8 @@ class Group:
 
     close = leave
 
+    aleave = async_twin(leave)
+
     def __enter__(self) -> Group:
         return self.join()
 
@@ -219,14 +224,20 @@ class Group:
             return {name: snapshot.rows[name].data for name in names}
         return names
 
+    amembers = async_twin(members)
+
     def size(self) -> int:
         """How many live members the group has."""
         return len(self._snapshot().live_names())
+
+    asize = async_twin(size)
 
     def index(self) -> int:
         """Our position in ``members()``; -1 when we are not a member."""
         snapshot = self._snapshot()
         return snapshot.live_names().index(self.member) if self._ours(snapshot) else -1
+
+    aindex = async_twin(index)
 
     def view(self) -> tuple[list[str], int]:
         """``(members(), index())`` from one read."""
@@ -234,12 +245,16 @@ class Group:
         names = snapshot.live_names()
         return names, names.index(self.member) if self._ours(snapshot) else -1
 
+    aview = async_twin(view)
+
     def owns(self, key: Key) -> bool:
         """Whether this member owns ``key`` among the live members (rendezvous hashing);
         False when we are not a member."""
         _key_bytes(key)
         snapshot = self._snapshot()
         return self._ours(snapshot) and rendezvous_owner(key, snapshot.live_names()) == self.member
+
+    aowns = async_twin(owns)
 
     def owned(self, keys: Iterable[Key]) -> list[Key]:
         """The ``keys`` this member owns, all judged against one read of the members."""
@@ -251,6 +266,12 @@ class Group:
             return []
         names = snapshot.live_names()
         return [key for key in keys if rendezvous_owner(key, names) == self.member]
+
+    async def aowned(self, keys: Iterable[Key]) -> list[Key]:
+        """``owned()`` for async code."""
+        from resource_lease.aio import in_thread
+
+        return await in_thread(self.owned, list(keys))
 
     def watch(self, callback: MembersCallback, *, poll: float = 1.0) -> Watch:
         """Call ``callback(members)`` whenever the membership changes (read every ``poll``

@@ -3,6 +3,10 @@
 - A database that is down, or that fails, is one line naming the alias and what failed
   (``CommandError``: ``cannot connect to database 'replica' (...)``), never a driver's
   traceback; ``--traceback`` still shows it.
+- Run from the command line (``manage.py <command>``, a process of its own), a command
+  gives back every lease, lock and place in line it holds on SIGTERM and at exit
+  (``resource_lease.install_sigterm_handler``), so a stopped ``run_worker`` frees its
+  resources at once instead of at their ttl.
 - Output piped into ``head`` (or a pager that quits) ends the command quietly, never with a
   BrokenPipeError traceback.
 """
@@ -19,6 +23,7 @@ from django.db import Error as DjangoDatabaseError
 from resource_lease.conf import lease_settings
 from resource_lease.db.connections import database_error
 from resource_lease.exceptions import LeaseDatabaseError
+from resource_lease.shutdown import install_sigterm_handler
 
 
 class LeaseCommand(BaseCommand):
@@ -34,6 +39,7 @@ class LeaseCommand(BaseCommand):
         return type(self).__module__.rsplit(".", 1)[-1]
 
     def run_from_argv(self, argv: list[str]) -> None:
+        install_sigterm_handler()
         try:
             super().run_from_argv(argv)
             # Buffered output reaches a closed pipe here rather than at interpreter exit,

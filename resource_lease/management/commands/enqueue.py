@@ -1,9 +1,10 @@
 """``manage.py enqueue NAME [FILE|-]``: put work items into a dispenser, one per line.
 
 Each line is a key, optionally followed by whitespace and a JSON payload; blank lines and
-lines starting with ``#`` are skipped. A bad line stops everything before anything is written.
-``--file-names``: every key must be one plain file name (no ``/``, ``\\``, ``.`` or ``..``),
-as a ``FolderWorker``'s keys are (it refuses the others when it claims them).
+lines starting with ``#`` are skipped. Every bad line is reported with its number (as
+``seed_proxies`` does), and then nothing is written. ``--file-names``: every key must be one
+plain file name (no ``/``, ``\\``, ``.`` or ``..``), as a ``FolderWorker``'s keys are (it
+refuses the others when it claims them).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from resource_lease.management.commands._arguments import database_argument
 from resource_lease.management.commands._base import LeaseCommand
+from resource_lease.management.commands._seeding import SHOWN_ERRORS
 from resource_lease.recipes.dispenser import Dispenser, check_file_key, check_key
 from resource_lease.validation import MAX_JSON_DEPTH, check_json, check_name
 
@@ -61,6 +63,7 @@ class Command(LeaseCommand):
             except (OSError, UnicodeDecodeError) as exc:
                 raise CommandError(f"cannot read {file}: {exc}") from None
         items: dict[str, Any] = {}
+        errors: list[str] = []
         # Lines end at \n (and \r\n) only: splitlines() also splits at \x85 or \u2028, which a
         # JSON payload may hold as they are.
         for number, line in enumerate(text.split("\n"), start=1):
@@ -74,14 +77,24 @@ class Command(LeaseCommand):
                 payload = json.loads(rest) if rest else None
                 check_json(payload, "payload")
             except (ValueError, json.JSONDecodeError) as exc:
-                raise CommandError(f"line {number}: {exc}") from None
+                errors.append(f"line {number}: {exc}")
+                continue
             except RecursionError:  # json.loads of lists nested thousands deep
-                raise CommandError(
-                    f"line {number}: payload must not nest lists and dicts more than {MAX_JSON_DEPTH} deep"
-                ) from None
+                errors.append(f"line {number}: payload must not nest lists and dicts more than {MAX_JSON_DEPTH} deep")
+                continue
             if key in items:
-                raise CommandError(f"line {number}: key {key!r} appears twice")
+                errors.append(f"line {number}: key {key!r} appears twice")
+                continue
             items[key] = payload
+        if errors:
+            label = "standard input" if file == "-" else file
+            shown = errors[:SHOWN_ERRORS]
+            more = f"\n  ... and {len(errors) - len(shown)} more" if len(errors) > len(shown) else ""
+            raise CommandError(
+                f"{label}: {len(errors)} bad line{'' if len(errors) == 1 else 's'}, nothing was written:\n  "
+                + "\n  ".join(shown)
+                + more
+            )
         dispenser = Dispenser(name, using=database)
         if recreate:
             result = dispenser.recreate(items)

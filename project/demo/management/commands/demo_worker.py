@@ -15,7 +15,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from project.arguments import positive
-from resource_lease import NoResourceAvailable, acquire
+from resource_lease import NoResourceAvailable, acquire, install_sigterm_handler
 
 
 class Command(BaseCommand):
@@ -28,6 +28,7 @@ class Command(BaseCommand):
         parser.add_argument("--hold-forever", action="store_true", help="hold one lease until killed")
 
     def handle(self, *args: Any, kind: str, seconds: float, ttl: float, hold_forever: bool, **options: Any) -> None:
+        install_sigterm_handler()  # SIGTERM gives back what it holds (SIGKILL, as the demo sends, cannot)
         if hold_forever:
             lease = acquire(kind, ttl=ttl, timeout=30, auto_renew=True)
             self.stdout.write(json.dumps({"held": lease.resource.name, "fence": lease.fence, "pid": os.getpid()}))
