@@ -336,3 +336,38 @@ async def test_every_read_of_a_primitive_has_its_async_twin() -> None:
 
     hits = counter("aio-reads")
     assert await hits.aadd(2) == 2 and await hits.avalue() == 2
+
+
+async def test_every_dispenser_call_has_an_async_twin_that_runs_off_the_loop() -> None:
+    """Issue 37 point 13: every read (and write) of a primitive has its async twin."""
+    from resource_lease import Dispenser
+
+    d = Dispenser("aio-twins", ttl=30)
+
+    async def main() -> dict[str, object]:
+        seen: dict[str, object] = {}
+        seen["put"] = await d.aput({"k1": {"n": 1}, "k2": None})
+        items = await d.aassign("w", limit=2)
+        seen["assigned"] = sorted(item.key for item in items)
+        seen["check"] = await d.acheck("w", items)
+        seen["renew"] = await d.arenew("w", items)
+        seen["done"] = await d.adone("w", items[:1])
+        seen["release"] = await d.arelease("w", items[1:])
+        seen["counts"] = await d.acounts()
+        seen["empty"] = await d.ais_empty()
+        seen["unfinished"] = await d.aunfinished()
+        seen["finished"] = await d.afinished(["k1", "k2"])
+        seen["items"] = len(await d.aitems())
+        again = await d.aassign("w", limit=1)
+        seen["fail"] = await d.afail("w", again)
+        seen["retry"] = await d.aretry_failed()
+        seen["recreate"] = await d.arecreate({"k3": None})
+        return seen
+
+    seen = await main()
+    assert seen["put"] == 2 and seen["assigned"] == ["k1", "k2"] and seen["check"] is True
+    assert seen["done"] == 1 and seen["release"] == 1
+    assert seen["counts"] == {"pending": 1, "assigned": 0, "done": 1, "failed": 0}
+    assert seen["empty"] is False and seen["finished"] == [("k1", "done")] and seen["items"] == 2
+    assert seen["fail"] == 1 and seen["retry"] == 0
+    assert seen["recreate"]["added"] == 1

@@ -15,6 +15,7 @@ from typing import Any
 
 from django.db.models import Count, Q
 
+from resource_lease.aio import async_twin
 from resource_lease.conf import lease_settings
 from resource_lease.db import DbNow
 from resource_lease.db import dispenser as item_sql
@@ -345,6 +346,23 @@ class Dispenser:
         if state is not None:
             rows = rows.filter(state=state)
         return list(rows)
+
+    # -- the same for async code (each runs in a worker thread, never on the event loop) ---
+
+    aput = async_twin(put)
+    arecreate = async_twin(recreate)
+    aassign = async_twin(assign)
+    adone = async_twin(done)
+    afail = async_twin(fail)
+    arelease = async_twin(release)
+    aretry_failed = async_twin(retry_failed)
+    arenew = async_twin(renew)
+    acheck = async_twin(check)
+    acounts = async_twin(counts)
+    ais_empty = async_twin(is_empty)
+    aunfinished = async_twin(unfinished)
+    afinished = async_twin(finished)
+    aitems = async_twin(items)
 
 
 def dispenser_counts(
