@@ -17,6 +17,7 @@ far above its deadline, so a missed ring is a failure, not a slow pass).
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from resource_lease.db.listen import hub
 from resource_lease.db.operations import ops
 from resource_lease.db.topics import channel
 from resource_lease.forking import PerProcess
+from resource_lease.validation import MAX_NAME
 
 #: The least seconds between two looks at a bell's version where nothing is pushed.
 LOOK = 0.02
@@ -63,13 +65,23 @@ class _Local:
 _local = PerProcess(_Local)
 
 
-class Doorbell:
-    """The bell of one waitable thing (``topic``: an internal topic's name, '@bell:...')."""
+def bell_topic(what: str, name: str) -> str:
+    """The internal topic of the bell of ``what`` ``name`` (``@bell:barrier:<name>``): within
+    a topic's MAX_NAME characters, a name too long for it stands as its digest."""
+    topic = f"@bell:{what}:{name}"
+    if len(topic) <= MAX_NAME:
+        return topic
+    return f"@bell:{what}:#{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()}"
 
-    def __init__(self, using: str, topic: str) -> None:
+
+class Doorbell:
+    """The bell of the ``what`` called ``name`` (a barrier, a dispenser): an internal topic
+    (``bell_topic``), which operators see among the topics."""
+
+    def __init__(self, using: str, what: str, name: str) -> None:
         self.using = using
-        self.topic = topic
-        self.channel = channel("topic", topic)
+        self.topic = bell_topic(what, name)
+        self.channel = channel("topic", self.topic)
 
     def __repr__(self) -> str:
         return f"<Doorbell {self.topic!r}>"
@@ -133,4 +145,4 @@ class Doorbell:
             hub().unsubscribe(token)
 
 
-__all__ = ["LOOK", "Doorbell"]
+__all__ = ["LOOK", "Doorbell", "bell_topic"]

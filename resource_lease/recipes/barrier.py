@@ -108,7 +108,7 @@ class DoubleBarrier:
         self._lease: Lease | None = None
         self._lock = threading.Lock()
         # Rung at every change a member may wait for (one inside, a cohort formed, one left).
-        self._bell = Doorbell(self.using, f"@bell:barrier:{self.name}")
+        self._bell = Doorbell(self.using, "barrier", self.name)
 
     def __repr__(self) -> str:
         return f"<DoubleBarrier {self.name!r} member={self.member!r} round={self.round} index={self.index}>"

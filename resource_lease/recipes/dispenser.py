@@ -166,7 +166,7 @@ class Dispenser:
         self.using = resolve_using(using)
         #: Rung when items come to the pool (put, recreate, released, failed back, retried):
         #: an idle ``Worker`` sleeps on it (``resource_lease.doorbell``).
-        self.bell = Doorbell(self.using, f"@bell:dispenser:{self.name}")
+        self.bell = Doorbell(self.using, "dispenser", self.name)
 
     def __repr__(self) -> str:
         return f"<Dispenser {self.name!r} ttl={self.ttl:g} max_attempts={self.max_attempts}>"
