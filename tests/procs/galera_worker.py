@@ -4,7 +4,7 @@
     python -m tests.procs.galera_worker cycle --kind K --dir D --seconds S [--hop] [--get-lock]
     python -m tests.procs.galera_worker hold --kind K --ttl T --seconds S
 
-``cycle``: acquire, run the ledger's unsafe critical section, record the grant (tests/ledger.py)
+``cycle``: until the time is up or the file ``<dir>/stop`` appears, acquire, run the ledger's unsafe critical section, record the grant (tests/ledger.py)
 and the port of the node that granted it (``nodes-<pid>``: ``start_ns port``), release. With
 ``--hop`` the lease is then renewed and released through the alias ``other`` (another first
 node), and a renewal refused there is counted. Database errors (a node dying under us) are
@@ -34,9 +34,14 @@ def emit(ev: str, **fields: Any) -> None:
 
 
 def port_of(alias: str) -> int:
+    """The port of the server this process's lease connection is on now (PostgreSQL with a
+    host list, a Patroni cluster: the one libpq chose, the primary)."""
     from resource_lease.db.connections import lease_connection
 
-    return int(lease_connection(alias).wrapper.settings_dict["PORT"])
+    wrapper = lease_connection(alias).wrapper
+    if wrapper.vendor == "postgresql" and wrapper.connection is not None:
+        return int(wrapper.connection.info.port)
+    return int(wrapper.settings_dict["PORT"])
 
 
 def setup_pool(args: argparse.Namespace) -> None:
@@ -81,7 +86,7 @@ def cycle(args: argparse.Namespace, worker: str) -> dict[str, int]:
     counts = {"grants": 0, "db_errors": 0, "renew_refused": 0, "release_refused": 0, "hops": 0}
     nodes = open(args.dir / f"nodes-{worker}", "a")  # noqa: SIM115 (closed at exit)
     deadline = time.monotonic() + args.seconds
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (args.dir / "stop").exists():
         began = time.monotonic()
         try:
             lease = acquire(args.kind, ttl=args.ttl, timeout=1.0)
