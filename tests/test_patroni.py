@@ -139,35 +139,40 @@ def cluster() -> Iterator[Cluster]:
 
 
 class Proc:
-    """A worker process whose JSON lines are read as they come."""
+    """A worker process whose JSON lines are read as they come. Its stdout goes to a file, not
+    a pipe: a worker that reports many errors while the test waits must never block on a full
+    pipe."""
 
     def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
         self.log = log
-        with open(log, "w") as stderr:
+        self.out = log.with_suffix(".out")
+        with open(log, "w") as stderr, open(self.out, "w") as stdout:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", *args], env=env, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=stderr
+                [sys.executable, "-m", *args], env=env, cwd=REPO, text=True, stdout=stdout, stderr=stderr
             )
-        self.seen: list[dict[str, Any]] = []
+        self.read_upto = 0
 
-    def next_event(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line, f"worker exited ({self.proc.poll()}): {self.log.read_text()[-3000:]}"
-        event = json.loads(line)
-        self.seen.append(event)
-        return event
+    def _lines(self) -> list[dict[str, Any]]:
+        text = self.out.read_text()
+        complete = text[: text.rfind("\n") + 1]
+        return [json.loads(line) for line in complete.splitlines() if line.startswith("{")]
 
-    def until(self, key: str, value: str) -> dict[str, Any]:
+    def until(self, key: str, value: str, timeout: float = 120) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
         while True:
-            event = self.next_event()
-            if event.get(key) == value:
-                return event
+            events = self._lines()
+            for i in range(self.read_upto, len(events)):
+                if events[i].get(key) == value:
+                    self.read_upto = i + 1
+                    return events[i]
+            assert self.proc.poll() is None, f"worker exited ({self.proc.returncode}): {self.log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"no {key}={value} from the worker in {timeout:.0f}s"
+            time.sleep(0.1)
 
     def rest(self, timeout: float) -> list[dict[str, Any]]:
-        out, _ = self.proc.communicate(timeout=timeout)
-        assert self.proc.returncode == 0, f"worker failed ({self.proc.returncode}):\n{out}\n{self.log.read_text()}"
-        self.seen += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        return self.seen
+        self.proc.wait(timeout=timeout)
+        assert self.proc.returncode == 0, f"worker failed ({self.proc.returncode}):\n{self.log.read_text()}"
+        return self._lines()
 
 
 @pytest.fixture
@@ -242,13 +247,26 @@ def setup_pool(spawn: Callable[..., Proc], cluster: Cluster, kind: str, n: int) 
 
 
 def wait_for_new_leader(cluster: Cluster, old: int) -> tuple[float, int]:
+    """When another node than ``old`` accepts writes, and which (Patroni's own view of the
+    leader may name a node for a moment that then gives way: the writable server is the proof)."""
+    import psycopg
+
+    others = [n for n in (1, 2, 3) if n != old]
     deadline = time.monotonic() + FAILOVER_DEADLINE
     while time.monotonic() < deadline:
-        now = cluster.leader()
-        if now is not None and now != old:
-            return time.monotonic(), now
-        time.sleep(0.3)
-    raise AssertionError(f"no new leader {FAILOVER_DEADLINE:.0f}s after the fault: {patroni('status').stdout}")
+        try:
+            with psycopg.connect(
+                host=",".join("127.0.0.1" for _ in others),
+                port=",".join(str(PORTS[n - 1]) for n in others),
+                user="postgres",
+                dbname=cluster.name,
+                target_session_attrs="read-write",
+                connect_timeout=2,
+            ) as db:
+                return time.monotonic(), PORTS.index(int(db.info.port)) + 1
+        except psycopg.Error:
+            time.sleep(0.3)
+    raise AssertionError(f"no new primary {FAILOVER_DEADLINE:.0f}s after the fault: {patroni('status').stdout}")
 
 
 def failover_scenario(
@@ -301,7 +319,7 @@ def failover_scenario(
         "--seconds",
         "300",
         "--ttl",
-        "30",
+        "5",
     ]
     cyclers = [spawn(cycle_args, env) for _ in range(3)]
     deadline = time.monotonic() + 120  # grants before the fault (the workers start slowly on a loaded machine)
@@ -311,17 +329,12 @@ def failover_scenario(
     assert old is not None, patroni("status").stdout
     notes: list[str] = []
     if fault == "async-loss":
-        # Both replicas stop taking WAL, the primary goes on granting, then dies with them behind.
-        replicas = [n for n in (1, 2, 3) if n != old]
-        for n in replicas:
-            assert patroni("walpause", str(n)).returncode == 0
+        # The primary's WAL senders stop: it goes on granting, its replicas fall behind.
+        assert patroni("walpause", str(old)).returncode == 0
         time.sleep(3)
     fault_at = time.monotonic_ns()
     if fault in ("kill", "async-loss"):
-        assert patroni("kill", str(old)).returncode == 0
-        if fault == "async-loss":
-            for n in replicas:  # what they received but had not written is lost with them
-                patroni("walkill", str(n))
+        assert patroni("kill", str(old)).returncode == 0  # its WAL senders too: what they held back is lost
     elif fault == "pause":
         assert patroni("pause", str(old)).returncode == 0
     elif fault == "switchover":
@@ -333,14 +346,16 @@ def failover_scenario(
     notes.append(f"new leader node{new} after {new_leader_at - fault_at / 1e9:.1f}s")
     if fault == "pause":
         patroni("resume", str(old))  # it finds its key gone, demotes and rejoins as a replica
-    elif fault in ("kill", "async-loss"):
-        start = patroni("start", str(old), timeout=FAILOVER_DEADLINE + 60)
-        notes.append(f"old leader rejoined: {start.returncode == 0}")
     # Grants on the new primary, the LISTEN connections back; then the lock holder lets go.
     deadline = time.monotonic() + FAILOVER_DEADLINE
-    while time.monotonic() < deadline and not any(g.start > fault_at for g in read(tmp_path)):
+    while time.monotonic() < deadline and not any(
+        port == PORTS[new - 1] and start > fault_at for start, port in grants_by_port(tmp_path)
+    ):
         time.sleep(0.5)
     time.sleep(3)
+    if fault in ("kill", "async-loss"):
+        start = patroni("start", str(old), timeout=FAILOVER_DEADLINE + 60)
+        notes.append(f"old leader rejoined: {start.returncode == 0}")
     released_at = time.monotonic()
     release_file.touch()
     fences: list[int] = []
@@ -352,8 +367,8 @@ def failover_scenario(
     (tmp_path / "stop").touch()
     for cycler in cyclers:
         for event in cycler.rest(120):
-            if event["ev"] in ("db_error", "slow", "renew_refused", "release_refused"):
-                notes.append(f"{event['ev']}: {event.get('during', '')} {str(event.get('error', ''))[:120]}")
+            if event["ev"] in ("db_error", "renew_refused", "release_refused"):
+                notes.append(f"{event['ev']}: {event.get('during', '')} {str(event.get('error', ''))[-300:]}")
     held = []
     for holder in holders:
         done = [e for e in holder.rest(120) if e["ev"] == "done"]
@@ -411,7 +426,7 @@ def test_no_double_grant_and_fences_rise_through_a_failover(
 def test_negative_control_asynchronous_replication_loses_grants_and_the_checks_see_it(
     cluster: Cluster, spawn: Callable[..., Proc], tmp_path: Path
 ) -> None:
-    """synchronous_mode off, the replicas' WAL receivers stopped while the primary grants,
+    """synchronous_mode off, the primary's WAL senders stopped while it grants,
     then the primary killed: the new primary never saw the last grants, so it grants those
     resources again with fences already handed out. The same ledger check must catch it
     (fences going back, or two holders at once), else the checks above prove nothing."""
