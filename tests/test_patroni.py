@@ -340,6 +340,7 @@ def failover_scenario(
         "300",
         "--ttl",
         "5",
+        "--until-stop",
     ]
     cyclers = [spawn(cycle_args, env) for _ in range(3)]
     deadline = time.monotonic() + 120  # grants before the fault (the workers start slowly on a loaded machine)
