@@ -11,6 +11,7 @@ from django.db import connections
 
 from resource_lease.conf import LeaseSettings, combination_problems, shape_problem, value_problem
 from resource_lease.db import SUPPORTED_VENDORS, dialect_class, engine_vendor
+from resource_lease.db.replication import BELOW_ON, primary_report
 from resource_lease.db.sqlite_options import in_memory
 
 
@@ -376,3 +377,47 @@ def _galera_clock_messages(alias: str, clocks: dict[str, str]) -> list[CheckMess
             id="resource_lease.W036",
         )
     ]
+
+
+# -- PostgreSQL replication (docs/ha.md) ----------------------------------------------------
+
+
+@register(Tags.database)
+def check_replication(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Run with ``manage.py check --database ALIAS``: a PostgreSQL primary whose standbys
+    could be promoted without its last commits. Warns when the server streams to standbys of
+    which none is synchronous (W040), or when the app's sessions commit without waiting for
+    the synchronous standby (``synchronous_commit`` below ``on``, W041). Silent for a server
+    with no standbys, a standby, other vendors, and where the server hides the standbys'
+    state from the app's role."""
+    errors: list[CheckMessage] = []
+    for alias in databases or ():
+        connection = connections[alias]
+        if connection.vendor != "postgresql":
+            continue
+        with connection.cursor() as cursor:
+            report = primary_report(cursor)
+        if report.in_recovery or report.standbys == 0:
+            continue
+        if report.hidden == 0 and report.synchronous == 0:
+            errors.append(
+                CheckWarning(
+                    f"Database {alias!r}: the server streams to {report.standbys} standby(s), none of them "
+                    "synchronous: a failover can promote a standby without the last grants, which then grants "
+                    "those resources again (two holders, a fence going back).",
+                    hint="Run the cluster with synchronous replication: Patroni's synchronous_mode and "
+                    "synchronous_mode_strict (docs/ha.md).",
+                    id="resource_lease.W040",
+                )
+            )
+        if report.synchronous_commit in BELOW_ON:
+            errors.append(
+                CheckWarning(
+                    f"Database {alias!r}: synchronous_commit is {report.synchronous_commit!r} on a replication "
+                    "primary: a grant is acknowledged before a standby has it, and a failover can lose it.",
+                    hint="Leave synchronous_commit at 'on' (or 'remote_apply') for the app's role and database "
+                    "(docs/ha.md).",
+                    id="resource_lease.W041",
+                )
+            )
+    return errors

@@ -222,7 +222,7 @@ def test_a_database_url_with_several_hosts_lists_them_and_waits_for_causality() 
     single = database_from_url("mysql://app:pw@db1:3307/app")
     assert "CLUSTER_HOSTS" not in single and "wsrep_sync_wait" not in single["OPTIONS"]["init_command"]
     with pytest.raises(ValueError, match="mysql"):
-        database_from_url("postgres://u@h1,h2/app")
+        database_from_url("oracle://u@h1,h2/app")
 
 
 def test_cluster_hosts_accepts_the_documented_forms_and_names_a_bad_entry() -> None:

@@ -24,7 +24,12 @@ def database_from_url(url: str, *, test_dir: Path | None = None) -> dict[str, An
       at once (SQLite has no ``SELECT ... FOR UPDATE``, and without these concurrent writers
       fail with "database is locked": docs/pitfalls.md#sqlite); tests use a file
       (``test_dir``), never memory, so worker processes see the same database.
-    - PostgreSQL: as dj-database-url gives it.
+    - PostgreSQL: as dj-database-url gives it. Several hosts
+      (``postgres://user@h1:5432,h2:5432,h3:5432/name?target_session_attrs=read-write``, a
+      Patroni cluster) become libpq's host and port lists (HOST ``"h1,h2,h3"``, PORT
+      ``"5432,5432,5432"``), with ``target_session_attrs=read-write`` unless the URL says
+      otherwise, so every connection, the LISTEN one included, goes to the current primary:
+      docs/ha.md.
     - MariaDB Galera: ``mysql://user:pw@node1:3306,node2:3306,node3:3306/name`` lists the
       cluster's nodes. HOST/PORT are the first node (the alias's own connections use it) and
       ``CLUSTER_HOSTS`` all of them, in order (the lease engine fails over between them); the
@@ -32,16 +37,32 @@ def database_from_url(url: str, *, test_dir: Path | None = None) -> dict[str, An
       docs/pitfalls.md#galera.
     """
     hosts: list[str] = []
+    pg_hosts: list[tuple[str, int]] = []
     match = _URL.match(url)
     if match and "," in match["hosts"]:
-        parsed = [parse_host(part) for part in match["hosts"].split(",") if part.strip()]
-        hosts = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in parsed]
-        if not match["scheme"].lower().startswith("mysql"):
-            raise ValueError(f"several hosts in DATABASE_URL are supported for mysql:// (Galera) only: {url!r}")
+        scheme = match["scheme"].lower()
+        if scheme.startswith("postgres") or scheme.startswith("pgsql"):
+            try:
+                pg_hosts = [parse_host(part, 5432) for part in match["hosts"].split(",") if part.strip()]
+            except ValueError as exc:
+                raise ValueError(f"a host of DATABASE_URL is not 'host' or 'host:port': {url!r}") from exc
+        elif scheme.startswith("mysql"):
+            parsed = [parse_host(part) for part in match["hosts"].split(",") if part.strip()]
+            hosts = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in parsed]
+        else:
+            raise ValueError(
+                f"several hosts in DATABASE_URL are supported for mysql:// (Galera) and postgres:// (Patroni) only: {url!r}"
+            )
         url = f"{match['scheme']}{match['userinfo'] or ''}{match['hosts'].split(',')[0]}{match['rest']}"
     config: dict[str, Any] = dict(dj_database_url.parse(url, conn_max_age=0))
     options: dict[str, Any] = dict(config.get("OPTIONS") or {})
     engine = config["ENGINE"]
+    if pg_hosts:
+        # libpq takes the lists itself and connects to the first host that answers and, with
+        # target_session_attrs=read-write, accepts writes: the primary, wherever it is now.
+        config["HOST"] = ",".join(h for h, _ in pg_hosts)
+        config["PORT"] = ",".join(str(p) for _, p in pg_hosts)
+        options.setdefault("target_session_attrs", "read-write")
     if engine.endswith("mysql"):
         options.setdefault("charset", "utf8mb4")
         if hosts:

@@ -1,10 +1,11 @@
 """Workers of the Galera tests (settings: tests.galera_settings, DATABASE_URL = the cluster).
 
     python -m tests.procs.galera_worker setup --kind K --resources N
-    python -m tests.procs.galera_worker cycle --kind K --dir D --seconds S [--hop] [--get-lock]
+    python -m tests.procs.galera_worker cycle --kind K --dir D --seconds S [--hop] [--get-lock] [--until-stop]
     python -m tests.procs.galera_worker hold --kind K --ttl T --seconds S
 
-``cycle``: acquire, run the ledger's unsafe critical section, record the grant (tests/ledger.py)
+``cycle``: until the time is up (or, with ``--until-stop``, the file ``<dir>/stop`` appears),
+acquire, run the ledger's unsafe critical section, record the grant (tests/ledger.py)
 and the port of the node that granted it (``nodes-<pid>``: ``start_ns port``), release. With
 ``--hop`` the lease is then renewed and released through the alias ``other`` (another first
 node), and a renewal refused there is counted. Database errors (a node dying under us) are
@@ -34,9 +35,14 @@ def emit(ev: str, **fields: Any) -> None:
 
 
 def port_of(alias: str) -> int:
+    """The port of the server this process's lease connection is on now (PostgreSQL with a
+    host list, a Patroni cluster: the one libpq chose, the primary)."""
     from resource_lease.db.connections import lease_connection
 
-    return int(lease_connection(alias).wrapper.settings_dict["PORT"])
+    wrapper = lease_connection(alias).wrapper
+    if wrapper.vendor == "postgresql" and wrapper.connection is not None:
+        return int(wrapper.connection.info.port)
+    return int(wrapper.settings_dict["PORT"])
 
 
 def setup_pool(args: argparse.Namespace) -> None:
@@ -81,7 +87,7 @@ def cycle(args: argparse.Namespace, worker: str) -> dict[str, int]:
     counts = {"grants": 0, "db_errors": 0, "renew_refused": 0, "release_refused": 0, "hops": 0}
     nodes = open(args.dir / f"nodes-{worker}", "a")  # noqa: SIM115 (closed at exit)
     deadline = time.monotonic() + args.seconds
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (args.until_stop and (args.dir / "stop").exists()):
         began = time.monotonic()
         try:
             lease = acquire(args.kind, ttl=args.ttl, timeout=1.0)
@@ -184,6 +190,7 @@ def main() -> None:
     parser.add_argument("--hold", type=float, default=0.002)
     parser.add_argument("--ttl", type=float, default=10.0)
     parser.add_argument("--hop", action="store_true")
+    parser.add_argument("--until-stop", action="store_true", help="cycle: also stop when <dir>/stop exists")
     parser.add_argument("--get-lock", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.galera_settings")

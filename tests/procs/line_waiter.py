@@ -3,12 +3,13 @@
     python -m tests.procs.line_waiter --what lock:NAME|pool:KIND|semaphore:NAME:SLOTS
         [--once [--timeout T] [--again-after A] | --seconds S] [--hold H] [--ttl T] [--priority P]
         [--where JSON] [--broken | --serial | --stale-marks | --herd | --handed-deadline-at-take]
-        [--heard]
+        [--heard] [--until FILE]
 
 Prints one JSON object per line: ``{"event": "ready"}`` once connected, ``entered`` (id, at)
 for each place in line it takes and has noted; with ``--once``, one
 wait for a grant, then ``granted`` (after holding ``--hold`` seconds it releases and exits), or ``refused`` if
-``--timeout`` passed first (``--again-after A``: then, A seconds after the release, one
+``--timeout`` passed first (``--until FILE``: released before ``--hold`` is up once FILE
+exists; ``--again-after A``: then, A seconds after the release, one
 more such wait);
 with ``--seconds``, ask, hold, release and ask again at once until the time is up, then one
 ``history`` event listing every acquisition. Each acquisition records, on this machine's
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from typing import Any
 
@@ -187,6 +189,7 @@ def main() -> None:
     parser.add_argument("--again-after", type=float, help="with --once: wait once more, this long after the release")
     parser.add_argument("--stale-marks", action="store_true", help="trust this process's marks however old")
     parser.add_argument("--herd", action="store_true", help="releases wake every listening process (PostgreSQL)")
+    parser.add_argument("--until", help="release before --hold is up once this file exists")
     parser.add_argument("--heard", action="store_true", help="'entered' once this process hears releases")
     parser.add_argument(
         "--handed-deadline-at-take", action="store_true", help="a handed grant's ttl counts from its take"
@@ -247,7 +250,9 @@ def main() -> None:
                 deadline_at=deadline_at,
                 **entry,
             )
-        time.sleep(args.hold)
+        held_until = time.monotonic() + args.hold
+        while time.monotonic() < held_until and not (args.until and os.path.exists(args.until)):
+            time.sleep(min(0.05, max(0.0, held_until - time.monotonic())))
         entry["released"] = time.monotonic()
         lease.release()
         history.append(entry)
