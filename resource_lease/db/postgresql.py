@@ -77,7 +77,7 @@ LINE_TURNS = (
     " (SELECT w.id, w.channel, w.shared, w.name FROM {waiters} w"
     " WHERE w.kind = r.kind AND w.name = '' AND w.expires_at > {now}"
     " AND (w.filter IS NULL OR {turn_matches}) ORDER BY w.priority DESC, w.id"
-    " OFFSET GREATEST(0, (SELECT COUNT(*) FROM (SELECT 1 FROM {table} f WHERE f.kind = r.kind"
+    " OFFSET GREATEST(0, (SELECT COUNT(*) FROM (SELECT FROM {table} f WHERE f.kind = r.kind"
     " AND f.busy_before <= {now} AND f.enabled = {true}"
     " AND (f.quarantined_until IS NULL OR f.quarantined_until <= {now}) LIMIT "
     + str(statements.LINE_ROOM)
@@ -87,16 +87,20 @@ LINE_TURNS = (
 # Tell each of LINE_TURNS's waiters ({line_turns}) it may be its turn: on its process's channel, its place
 # (JSON [id, kind, line name]), so that only that waiter tries; a reader of an rwlock (the
 # readers behind it may be served with it) or a place without a channel wakes its whole line
-# on LINE_CHANNEL instead. If it finds nobody, the line is woken on LINE_CHANNEL all the same:
-# the statement's snapshot may predate a place whose ENTER_LINE committed while it ran, and
-# whose waiter's look, right after, still saw the row held (the release not yet committed):
-# told nobody, that waiter would sleep through the release (tests/test_liveness.py). How many
-# were told.
+# on LINE_CHANNEL instead. If the row's lines have no place at all (as the statement's
+# snapshot has them; an expired place not yet purged counts, and only delays such a waiter to
+# its LINE_POLL_MAX look), the line is woken on LINE_CHANNEL all the same: that snapshot may
+# predate a place whose ENTER_LINE committed while it ran, and whose waiter's look, right
+# after, still saw the row held (the release not yet committed): told nobody, that waiter
+# would sleep through the release (tests/test_liveness.py). Waiters it sees but does not tell
+# (their where= does not match the row, or rows enough are free for them) are not woken
+# (tests/test_line_turns.py). How many were told.
 TELL_TURNS = (
-    "WITH c AS ({line_turns}) SELECT COUNT(pg_notify(CASE WHEN t.channel = '' OR t.shared THEN '{line_channel}' ELSE t.channel END,"
+    "SELECT COUNT(pg_notify(CASE WHEN t.channel = '' OR t.shared THEN '{line_channel}' ELSE t.channel END,"
     " CASE WHEN t.channel = '' OR t.shared THEN json_build_array(r.kind, r.name)::text"
-    " ELSE json_build_array(t.id, r.kind, t.name)::text END))"
-    " FROM (SELECT * FROM c UNION ALL SELECT 0, '', TRUE, '' WHERE NOT EXISTS (SELECT FROM c)) t"
+    " ELSE json_build_array(t.id, r.kind, t.name)::text END)) FROM ({line_turns}"
+    " UNION ALL SELECT 0,'',TRUE,'' WHERE NOT EXISTS (SELECT FROM {waiters} w WHERE w.kind = r.kind"
+    " AND w.name IN ('', r.name))) t"
 )
 
 # The first live waiter of a released row (``me``: its kind, name and data, read before), as
@@ -167,7 +171,7 @@ RELEASE = (
     " renewed_at = CASE WHEN {handed} THEN {now} ELSE renewed_at END,"
     " released_at = CASE WHEN {handed} THEN NULL ELSE {now} END,"
     " lock_delay = CASE WHEN {handed} THEN 0 ELSE lock_delay END"
-    " FROM (SELECT 1) one LEFT JOIN h ON TRUE WHERE {ours}"
+    " FROM (SELECT) one LEFT JOIN h ON TRUE WHERE {ours}"
     " RETURNING {table}.id AS row_id, kind, name, data, line_until, {handed} AS handed, h.place, h.next_channel,"
     " h.line_name, fence, previous_holder, acquired_at, busy_before),"
     " gone AS (DELETE FROM {waiters} WHERE id = (SELECT place FROM r WHERE handed))"
