@@ -87,20 +87,11 @@ LINE_TURNS = (
 # Tell each of LINE_TURNS's waiters ({line_turns}) it may be its turn: on its process's channel, its place
 # (JSON [id, kind, line name]), so that only that waiter tries; a reader of an rwlock (the
 # readers behind it may be served with it) or a place without a channel wakes its whole line
-# on LINE_CHANNEL instead. If the row's lines have no place at all (as the statement's
-# snapshot has them; an expired place not yet purged counts, and only delays such a waiter to
-# its LINE_POLL_MAX look), the line is woken on LINE_CHANNEL all the same: that snapshot may
-# predate a place whose ENTER_LINE committed while it ran, and whose waiter's look, right
-# after, still saw the row held (the release not yet committed): told nobody, that waiter
-# would sleep through the release (tests/test_liveness.py). Waiters it sees but does not tell
-# (their where= does not match the row, or rows enough are free for them) are not woken
-# (tests/test_line_turns.py). How many were told.
+# on LINE_CHANNEL instead. How many were told.
 TELL_TURNS = (
     "SELECT COUNT(pg_notify(CASE WHEN t.channel = '' OR t.shared THEN '{line_channel}' ELSE t.channel END,"
     " CASE WHEN t.channel = '' OR t.shared THEN json_build_array(r.kind, r.name)::text"
-    " ELSE json_build_array(t.id, r.kind, t.name)::text END)) FROM ({line_turns}"
-    " UNION ALL SELECT 0,'',TRUE,'' WHERE NOT EXISTS (SELECT FROM {waiters} w WHERE w.kind = r.kind"
-    " AND w.name IN ('', r.name))) t"
+    " ELSE json_build_array(t.id, r.kind, t.name)::text END)) FROM ({line_turns}) t"
 )
 
 # The first live waiter of a released row (``me``: its kind, name and data, read before), as
