@@ -19,7 +19,8 @@ The lines (``checker.py`` reads them):
 - ``save ROW FENCE UNITS T``: an election's hand-over state saved (``{"units": UNITS}``).
 - ``round BARRIER ROUND FENCE COHORT T0 T1``: a barrier member inside round ROUND with that cohort.
 - ``claim KEY FENCE T`` and ``done KEY FENCE COUNT T``: dispenser items claimed and marked
-  done (COUNT: what ``done`` said it marked, 0 or 1).
+  done (COUNT: what ``done`` said it marked, 0 or 1); ``put PREFIX N T``: items
+  ``PREFIX:0`` .. ``PREFIX:N-1`` put, the put acknowledged.
 - ``view OK|MISSING T``: a group member that trusted its membership read ``view()``.
 - ``loss T TEXT``: a LeaseError (loud: a lost lease, an unreachable database, a refusal).
 - ``error T TEXT``: any other exception (the contract: every error is a LeaseError).
@@ -257,6 +258,7 @@ class DispenserClient(Client):
             if not (self.args.dir / "drain").exists():
                 self.made += 1
                 self.dispenser.put({f"{self.worker}:{self.made}:{i}": {"i": i} for i in range(20)})
+                self.history.write("put", f"{self.worker}:{self.made}", 20, now())
             else:
                 time.sleep(0.05)
             return

@@ -8,6 +8,9 @@
 - ``restart``: restart the local database server (tests/faults/harness.py's helper), only
   when ``RESOURCE_LEASE_FAULTS_NO_RESTART`` is unset, the server is on this machine and we
   are root;
+- ``failover``: take the primary of a Patroni cluster away (SIGKILL, SIGSTOP, switchover or
+  a network cut, in turn) and make the cluster whole again (failover.py), at most once per
+  ``restart_every`` seconds, only when the database is the cluster of scripts/patroni;
 - ``skew``: move a random client's wall clock (libfaketime reads the client's own
   timestamp file at every call: +5 h, -7 h, +90 s, back to 0). The monotonic clock, which
   the history is written in and the engine's local deadlines use, is left alone.
@@ -28,6 +31,7 @@ from typing import Any
 
 from django.db import connections
 
+from project.bench.nemesis import failover
 from project.bench.nemesis.checker import FaultLog
 from tests.faults.harness import (
     FAKETIME_SITE,
@@ -90,6 +94,10 @@ class Nemesis:
     counts: Counter[str] = field(default_factory=Counter)
     last_restart: float = field(default_factory=time.monotonic)
     order: list[str] = field(default_factory=list)
+    #: The failover fault's kinds, taken in turn (failover.KINDS), and the failovers made.
+    failover_kinds: tuple[str, ...] = failover.KINDS
+    failovers: list[failover.Failover] = field(default_factory=list)
+    last_failover: float = field(default_factory=time.monotonic)
 
     # -- clients ---------------------------------------------------------------------
 
@@ -144,6 +152,8 @@ class Nemesis:
             self.order = self.rng.sample(self.kinds, len(self.kinds))
         kind = self.order.pop()
         if kind == "restart" and time.monotonic() - self.last_restart < self.restart_every:
+            return ""
+        if kind == "failover" and time.monotonic() - self.last_failover < self.restart_every:
             return ""
         done = getattr(self, f"_{kind}")()
         if done:
@@ -204,6 +214,19 @@ class Nemesis:
             connections[self.alias].close()
         return True
 
+    def _failover(self) -> bool:
+        if failover.patroni("status", timeout=60).returncode != 0:
+            return False  # not whole yet after the last one: a replica still rejoining
+        kind = self.failover_kinds[len(self.failovers) % len(self.failover_kinds)]
+        try:
+            made = failover.fail_over(self.alias, kind)
+        finally:
+            self.last_failover = time.monotonic()
+        self.failovers.append(made)
+        # Waits during the failover may outlast their timeout: the server was away.
+        self.log.down.append((made.started, made.whole))
+        return True
+
     def _skew(self) -> bool:
         proc = self._victim()
         if proc is None or proc.clock_file is None:
@@ -232,7 +255,11 @@ class Nemesis:
         return hung
 
     def summary(self) -> dict[str, Any]:
-        return dict(sorted(self.counts.items()))
+        counts: dict[str, Any] = dict(sorted(self.counts.items()))
+        for made in self.failovers:
+            key = f"failover_{made.kind}"
+            counts[key] = counts.get(key, 0) + 1
+        return counts
 
 
 def client_sessions(alias: str) -> list[int]:

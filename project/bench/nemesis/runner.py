@@ -23,10 +23,12 @@ from typing import Any
 from django.db import connections
 
 from project.bench.nemesis import checker
+from project.bench.nemesis.failover import KINDS as FAILOVER_KINDS
+from project.bench.nemesis.failover import failover_allowed
 from project.bench.nemesis.faults import Nemesis, restart_allowed, skew_available
 
 PRIMITIVES = ("lease", "lock", "semaphore", "election", "group", "barrier", "dispenser")
-FAULTS = ("kill", "stop", "cut", "restart", "skew")
+FAULTS = ("kill", "stop", "cut", "restart", "skew", "failover")
 
 
 @dataclass
@@ -52,6 +54,8 @@ class Plan:
     settle: float = -1.0
     patch: str = ""
     seed: int | None = None
+    #: The failover fault's ways of taking the primary away, in turn (failover.KINDS).
+    failover_kinds: tuple[str, ...] = FAILOVER_KINDS
 
     def __post_init__(self) -> None:
         if self.primitive not in PRIMITIVES:
@@ -59,6 +63,11 @@ class Plan:
         unknown = set(self.faults) - set(FAULTS)
         if unknown:
             raise ValueError(f"faults: unknown {', '.join(sorted(unknown))}; choose from {', '.join(FAULTS)}")
+        wrong = set(self.failover_kinds) - set(FAILOVER_KINDS)
+        if wrong or not self.failover_kinds:
+            raise ValueError(
+                f"failover kinds: {', '.join(sorted(wrong)) or 'none'}; choose from {', '.join(FAILOVER_KINDS)}"
+            )
         if self.primitive == "barrier" and self.processes < self.size:
             raise ValueError(f"processes: a barrier of size {self.size} needs at least {self.size}")
         if self.processes < 2:
@@ -98,6 +107,11 @@ class Report:
     leaves_retried: int = 0
     faults: dict[str, int] = field(default_factory=dict)
     not_injected: dict[str, str] = field(default_factory=dict)
+    #: The longest time between two grants in a row, anybody's (seconds): how long the
+    #: primitive stood still (a failover: from the fault to the first grant on the new primary).
+    longest_pause: float = 0.0
+    #: Failovers (the failover fault): seconds from each fault to a new primary accepting writes.
+    failover_seconds: list[float] = field(default_factory=list)
     violations: int = 0
     by_kind: dict[str, int] = field(default_factory=dict)
     examples: dict[str, list[str]] = field(default_factory=dict)
@@ -113,6 +127,7 @@ class Report:
             f"{self.primitive:<10} {self.database:<14} {self.seconds:g}s x{self.processes}: "
             f"operations={self.operations} grants={self.grants} units={self.units} losses={self.losses} "
             f"served_in_tail={self.served_in_tail} hand_offs={self.hand_offs} leaves_retried={self.leaves_retried} "
+            f"longest_pause={self.longest_pause:.1f}s "
             f"faults: {faults}; violations={self.violations}{' ' + kinds if kinds else ''}"
         )
 
@@ -127,7 +142,8 @@ def run(plan: Plan, *, alias: str, url: str, label: str = "", keep: Path | None 
     connection = connections[alias]
     report = Report(plan.primitive, label or connection.vendor, plan.seconds, plan.processes, plan.ttl)
     kinds = list(plan.faults)
-    for kind, why in (("restart", restart_allowed(alias)), ("skew", skew_available(alias))):
+    for kind, allowed in (("restart", restart_allowed), ("skew", skew_available), ("failover", failover_allowed)):
+        why = allowed(alias) if kind in kinds else ""  # (failover_allowed asks scripts/patroni)
         if kind in kinds and why:
             kinds.remove(kind)
             report.not_injected[kind] = why
@@ -150,6 +166,7 @@ def run(plan: Plan, *, alias: str, url: str, label: str = "", keep: Path | None 
         restart_every=plan.restart_every,
         skew="skew" in kinds,
         rng=random.Random(plan.seed),
+        failover_kinds=plan.failover_kinds,
     )
     try:
         for i in range(plan.processes):
@@ -196,12 +213,30 @@ def run(plan: Plan, *, alias: str, url: str, label: str = "", keep: Path | None 
     report.leaves_retried = summary["leaves_retried"]
     report.violations, report.by_kind, report.examples = summary["violations"], summary["by_kind"], summary["examples"]
     report.faults = nemesis.summary()
+    report.longest_pause = longest_pause(directory)
+    report.failover_seconds = [round(made.seconds, 1) for made in nemesis.failovers]
     report.elapsed = time.monotonic() - started
     if report.violations or keep:
         report.directory = str(directory)
     else:
         shutil.rmtree(directory, ignore_errors=True)
     return report
+
+
+def longest_pause(directory: Path) -> float:
+    """The longest time between two grants in a row (trusted units, barrier rounds, items
+    done), anybody's, in seconds."""
+    starts = []
+    for history in checker.read_histories(directory):
+        for line in history.lines:
+            if line[0] == "unit":
+                starts.append(int(line[3]))
+            elif line[0] == "round":
+                starts.append(int(line[5]))
+            elif line[0] == "done" and line[3:4] == ["1"]:
+                starts.append(int(line[4]))
+    starts.sort()
+    return max((b - a for a, b in zip(starts, starts[1:], strict=False)), default=0) / 1e9
 
 
 def prepare(plan: Plan, alias: str, obj: str) -> None:
@@ -246,9 +281,18 @@ def _dispenser_end(alias: str, obj: str, directory: Path, kills: int) -> list[st
     found = []
     if counts.get("pending") or counts.get("assigned") or counts.get("failed"):
         found.append(f"left at the end: {counts}")
-    logged = set()
+    logged, put = set(), set()
     for history in checker.read_histories(directory):
         logged |= {line[1] for line in history.lines if line[0] == "done" and line[3] == "1"}
+        put |= {f"{line[1]}:{i}" for line in history.lines if line[0] == "put" for i in range(int(line[2]))}
+    # Every item a put() acknowledged is still there (a failover that lost commits loses them).
+    there = {item.key: item.state for item in Dispenser(obj, using=alias).items()}
+    lost = sorted(put - set(there))
+    if lost:
+        found.append(f"{len(lost)} items put and acknowledged are gone, e.g. {lost[:3]}")
+    undone = sorted(key for key in logged if there.get(key) != "done")
+    if undone:
+        found.append(f"{len(undone)} items counted done are not done in the database, e.g. {undone[:3]}")
     done = counts.get("done", 0)
     if not len(logged) <= done <= len(logged) + kills:
         found.append(f"the database has {done} items done, the clients counted {len(logged)} ({kills} killed)")

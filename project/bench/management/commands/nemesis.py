@@ -18,6 +18,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
 from project.arguments import names, positive, positive_int
+from project.bench.nemesis.failover import KINDS as FAILOVER_KINDS
 from project.bench.nemesis.runner import FAULTS, PRIMITIVES, Plan, run
 from project.bench.targets import resolve, url_from_alias
 
@@ -28,6 +29,10 @@ def _primitives(text: str) -> list[str]:
 
 def _faults(text: str) -> list[str]:
     return list(names(text, FAULTS, "fault"))
+
+
+def _failover_kinds(text: str) -> list[str]:
+    return list(names(text, FAILOVER_KINDS, "failover kind"))
 
 
 class Command(BaseCommand):
@@ -57,7 +62,18 @@ class Command(BaseCommand):
         parser.add_argument("--ttl", type=positive, default=2.0)
         parser.add_argument("--hold", type=positive, default=0.01, help="seconds of work per trusted unit")
         parser.add_argument("--interval", type=positive, default=0.5, help="mean seconds between faults")
-        parser.add_argument("--restart-every", type=positive, default=60.0, help="seconds between server restarts")
+        parser.add_argument(
+            "--restart-every",
+            type=positive,
+            default=60.0,
+            help="seconds between server restarts, and between failovers",
+        )
+        parser.add_argument(
+            "--failover-kinds",
+            type=_failover_kinds,
+            default=list(FAILOVER_KINDS),
+            help=f"the failover fault's ways, in turn: {','.join(FAILOVER_KINDS)} (a Patroni cluster: docs/ha.md)",
+        )
         parser.add_argument("--faults", type=_faults, default=list(FAULTS), help=",".join(FAULTS))
         parser.add_argument("--seed", type=int, default=None)
         parser.add_argument("--keep", type=Path, default=None, help="keep the histories in this directory")
@@ -79,6 +95,7 @@ class Command(BaseCommand):
                     faults=tuple(options["faults"]),
                     seed=options["seed"],
                     objects=options["objects"],
+                    failover_kinds=tuple(options["failover_kinds"]),
                 )
             except ValueError as exc:
                 raise CommandError(f"--primitive {primitive}: {exc}") from exc
