@@ -35,6 +35,8 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from project.bench.nemesis import checker
+from project.bench.nemesis.runner import Plan, client_args
 from tests.ledger import check, read
 
 pytestmark = pytest.mark.patroni
@@ -260,6 +262,65 @@ class Outcome:
     held: list[bool]  # each renewing holder kept its lease through the failover
     waiters_ok: bool
     notes: list[str]
+    #: The lock, election and dispenser clients (the nemesis's): their checker's verdict each.
+    primitives: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+#: The primitives whose nemesis clients (project/bench/nemesis/client.py) run through each
+#: failover, two processes each, judged by the nemesis checker: one holder at a time and
+#: fences rising (locks), one leader per term and its saved state counting up by one
+#: (elections), no item lost or done twice (the dispenser: every acknowledged put still there).
+PRIMITIVES = ("lock", "election", "dispenser")
+
+
+def start_primitives(
+    spawn: Callable[..., Proc], cluster: Cluster, tmp_path: Path, kind: str
+) -> dict[str, tuple[Path, list[Proc]]]:
+    directories = {}
+    for primitive in PRIMITIVES:
+        directory = tmp_path / primitive
+        directory.mkdir()
+        plan = Plan(primitive, seconds=1, processes=2, ttl=2.0, wait=2.0, hold=0.01, objects=1)
+        procs = [
+            spawn(
+                ["project.bench.nemesis.client", *client_args(plan, directory, f"{kind}-{primitive}", i)],
+                cluster.env(RESOURCE_LEASE_AUDIT="0"),
+            )
+            for i in range(plan.processes)
+        ]
+        directories[primitive] = (directory, procs)
+    return directories
+
+
+def judge_primitives(
+    spawn: Callable[..., Proc],
+    cluster: Cluster,
+    directories: dict[str, tuple[Path, list[Proc]]],
+    kind: str,
+    *,
+    down: tuple[int, int],
+    served_from: int,
+) -> dict[str, dict[str, Any]]:
+    """Drain the dispenser, stop the clients, judge each primitive's histories."""
+    (directories["dispenser"][0] / "drain").touch()
+    end_args = ["tests.procs.dispenser_end", "--object", f"{kind}-dispenser", "--dir", str(directories["dispenser"][0])]
+    spawn([*end_args, "--drain"], cluster.env()).rest(120)  # the clients do what is left
+    for directory, _ in directories.values():
+        (directory / "stop").touch()
+    for _, procs in directories.values():
+        for proc in procs:
+            proc.rest(60)  # its history complete
+    end = spawn(end_args, cluster.env()).rest(60)
+    verdicts = {}
+    for primitive, (directory, _) in directories.items():
+        verdict = checker.check(
+            directory, primitive=primitive, faults=checker.FaultLog(down=[down]), served_from=served_from
+        )
+        if primitive == "dispenser":
+            for text in end[-1]["found"]:
+                verdict.add("not_drained", text)
+        verdicts[primitive] = verdict.summary()
+    return verdicts
 
 
 def setup_pool(spawn: Callable[..., Proc], cluster: Cluster, kind: str, n: int) -> None:
@@ -292,8 +353,8 @@ def wait_for_new_leader(cluster: Cluster, old: int) -> tuple[float, int]:
 def failover_scenario(
     cluster: Cluster, spawn: Callable[..., Proc], tmp_path: Path, fault: str, *, kind: str, with_lock: bool = True
 ) -> Outcome:
-    """Run the workers, apply ``fault`` to the leader ("kill", "pause", "switchover", "async-loss"),
-    let the cluster recover, stop the workers and check what they recorded."""
+    """Run the workers, apply ``fault`` to the leader ("kill", "pause", "switchover", "cut",
+    "async-loss"), let the cluster recover, stop the workers and check what they recorded."""
     up = patroni("up")  # whole again after the scenario before
     assert up.returncode == 0, up.stdout + up.stderr
     setup_pool(spawn, cluster, kind, 3)
@@ -343,6 +404,7 @@ def failover_scenario(
         "--until-stop",
     ]
     cyclers = [spawn(cycle_args, env) for _ in range(3)]
+    directories = start_primitives(spawn, cluster, tmp_path, kind) if with_lock else {}
     deadline = time.monotonic() + 120  # grants before the fault (the workers start slowly on a loaded machine)
     while len(read(tmp_path)) < len(holders) + 20 and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -361,6 +423,9 @@ def failover_scenario(
     elif fault == "switchover":
         answer = patroni("switchover")
         assert answer.returncode == 0, answer.stdout + answer.stderr
+    elif fault == "cut":
+        answer = patroni("cut", str(old))  # healed once the new primary grants
+        assert answer.returncode == 0, answer.stdout + answer.stderr
     else:
         raise ValueError(fault)
     new_leader_at, new = wait_for_new_leader(cluster, old)
@@ -373,6 +438,11 @@ def failover_scenario(
         port == PORTS[new - 1] and start > fault_at for start, port in grants_by_port(tmp_path)
     ):
         time.sleep(0.5)
+    if fault == "cut":
+        # Until now the clients' connections to the old primary hung (their packets dropped)
+        # until their own timeouts; the old primary demoted itself when etcd went away.
+        notes.append(f"healed {time.monotonic() - fault_at / 1e9:.1f}s after the cut")
+        assert patroni("heal").returncode == 0
     time.sleep(3)
     if fault in ("kill", "async-loss"):
         start = patroni("start", str(old), timeout=FAILOVER_DEADLINE + 60)
@@ -385,6 +455,18 @@ def failover_scenario(
         lock_grant = next(e for e in lock_holder.rest(60) if e["event"] == "granted")
         served = [next(e for e in w.rest(WAITER_POLL * 3) if e["event"] == "granted") for w in waiters]
         fences = [lock_grant["fence"]] + [s["fence"] for s in sorted(served, key=lambda s: s["granted"])]
+    primitives = (
+        judge_primitives(
+            spawn,
+            cluster,
+            directories,
+            kind,
+            down=(fault_at, int(released_at * 1e9)),
+            served_from=int(released_at * 1e9),
+        )
+        if directories
+        else {}
+    )
     (tmp_path / "stop").touch()
     errors: dict[str, int] = {}  # the workers' database errors while no primary accepted writes
     for cycler in cyclers:
@@ -424,6 +506,7 @@ def failover_scenario(
         held=held,
         waiters_ok=waiters_ok,
         notes=notes,
+        primitives=primitives,
     )
     print(f"patroni {fault}: {outcome}")
     return outcome
@@ -433,21 +516,26 @@ def failover_scenario(
 ROUNDS = max(1, int(os.environ.get("RESOURCE_LEASE_PATRONI_ROUNDS", "1") or 1))
 
 
-@pytest.mark.parametrize("fault", [f for _ in range(ROUNDS) for f in ("kill", "pause", "switchover")])
+@pytest.mark.parametrize("fault", [f for _ in range(ROUNDS) for f in ("kill", "pause", "switchover", "cut")])
 def test_no_double_grant_and_fences_rise_through_a_failover(
     cluster: Cluster, spawn: Callable[..., Proc], tmp_path: Path, fault: str
 ) -> None:
     """The primary SIGKILLed, SIGSTOPped past Patroni's ttl (then resumed: it demotes itself),
-    or switched over by patronictl, under synchronous_mode_strict: no resource granted twice,
-    fences strictly increasing per resource across it, grants again on the new primary, the
-    renewing holders' leases (ttl 30 s) kept, the waiters in line served after the lock's
-    holder, woken by NOTIFY through the new primary."""
+    switched over by patronictl, or cut off the network (every packet dropped), under
+    synchronous_mode_strict: no resource granted twice, fences strictly increasing per
+    resource across it, grants again on the new primary, the renewing holders' leases (ttl
+    30 s) kept, the waiters in line served after the lock's holder, woken by NOTIFY through
+    the new primary; and locks, elections and the dispenser used by their own processes
+    through it: one holder at a time, one leader per term, no item lost or done twice."""
     outcome = failover_scenario(cluster, spawn, tmp_path, fault, kind=f"pf-{fault}")
     cluster.pauses.append((fault, round(outcome.pause, 1)))
     assert outcome.grants_before >= 10 and outcome.grants_after >= 10, outcome
     assert outcome.violations == 0, outcome
     assert outcome.held == [True, True], outcome
     assert outcome.waiters_ok, outcome
+    for primitive, verdict in outcome.primitives.items():
+        assert verdict["violations"] == 0, (primitive, verdict)
+        assert verdict["grants"] >= 5, (primitive, verdict)
 
 
 def test_negative_control_asynchronous_replication_loses_grants_and_the_checks_see_it(

@@ -20,7 +20,8 @@ The lines (``checker.py`` reads them):
 - ``round BARRIER ROUND FENCE COHORT T0 T1``: a barrier member inside round ROUND with that cohort.
 - ``claim KEY FENCE T`` and ``done KEY FENCE COUNT T``: dispenser items claimed and marked
   done (COUNT: what ``done`` said it marked, 0 or 1); ``put PREFIX N T``: items
-  ``PREFIX:0`` .. ``PREFIX:N-1`` put, the put acknowledged.
+  ``PREFIX:0`` .. ``PREFIX:N-1`` put, the put acknowledged; ``unknown KEY FENCE T``: a
+  ``done`` whose answer was lost with the connection (it may have been marked).
 - ``view OK|MISSING T``: a group member that trusted its membership read ``view()``.
 - ``loss T TEXT``: a LeaseError (loud: a lost lease, an unreachable database, a refusal).
 - ``error T TEXT``: any other exception (the contract: every error is a LeaseError).
@@ -251,6 +252,8 @@ class DispenserClient(Client):
         self.made = 0
 
     def step(self) -> None:
+        from resource_lease.exceptions import LeaseDatabaseError
+
         t0 = now()
         items = self.dispenser.assign(self.worker, limit=5)
         self.history.write("wait", t0, now(), "granted" if items else "timeout", 0)
@@ -266,7 +269,14 @@ class DispenserClient(Client):
             self.history.write("claim", item.key, item.fence, now())
         for item in items:
             time.sleep(self.hold)
-            count = self.dispenser.done(self.worker, [item])
+            try:
+                count = self.dispenser.done(self.worker, [item])
+            except LeaseDatabaseError:
+                # Maybe marked: even a DatabaseUnavailable, when done's first attempt was sent
+                # and its connection lost, and the reconnect then failed (a failover: seen in
+                # tests/test_patroni.py's switchover; db/connections.py's run_repeatable).
+                self.history.write("unknown", item.key, item.fence, now())
+                raise
             self.history.write("done", item.key, item.fence, count, now())
 
     def close(self) -> None:

@@ -182,7 +182,7 @@ def run(plan: Plan, *, alias: str, url: str, label: str = "", keep: Path | None 
         served_from = time.monotonic() + plan.settle
         time.sleep(max(0.0, served_from - time.monotonic()) + plan.heal)
         if plan.primitive == "dispenser":
-            _drain(alias, obj, plan.heal * 4)
+            dispenser_drain(alias, obj, plan.heal * 4)
         (directory / "stop").touch()
         hung = nemesis.finish(time.monotonic() + plan.wait + 3 * plan.ttl + 30)
     finally:
@@ -203,7 +203,7 @@ def run(plan: Plan, *, alias: str, url: str, label: str = "", keep: Path | None 
     for name in hung:
         verdict.add("hung", f"client {name} did not stop within its wait and 3 ttl")
     if plan.primitive == "dispenser":
-        for text in _dispenser_end(alias, obj, directory, len(nemesis.log.killed)):
+        for text in dispenser_end(alias, obj, directory, len(nemesis.log.killed)):
             verdict.add("not_drained", text)
     summary = verdict.summary()
     report.operations = summary["operations"]
@@ -259,7 +259,7 @@ def client_args(plan: Plan, directory: Path, obj: str, index: int) -> list[str]:
     return args + (["--patch", plan.patch] if plan.patch else [])
 
 
-def _drain(alias: str, obj: str, limit: float) -> None:
+def dispenser_drain(alias: str, obj: str, limit: float) -> None:
     from resource_lease import Dispenser
 
     dispenser = Dispenser(obj, using=alias)
@@ -271,18 +271,21 @@ def _drain(alias: str, obj: str, limit: float) -> None:
         time.sleep(0.5)
 
 
-def _dispenser_end(alias: str, obj: str, directory: Path, kills: int) -> list[str]:
+def dispenser_end(alias: str, obj: str, directory: Path, kills: int) -> list[str]:
     """Every item put was done once: nothing pending or assigned at the end, and the items the
     database has done are those the clients counted (plus at most one per SIGKILLed client,
-    whose answer it did not live to write down)."""
+    whose answer it did not live to write down, and one per ``done`` whose answer a lost
+    connection took: ``unknown`` in the history, a failover's), every item counted done is
+    done, and every item whose ``put`` was acknowledged is still there."""
     from resource_lease import Dispenser
 
     counts = Dispenser(obj, using=alias).counts()
     found = []
     if counts.get("pending") or counts.get("assigned") or counts.get("failed"):
         found.append(f"left at the end: {counts}")
-    logged, put = set(), set()
+    logged, put, unknown = set(), set(), 0
     for history in checker.read_histories(directory):
+        unknown += sum(1 for line in history.lines if line[0] == "unknown")
         logged |= {line[1] for line in history.lines if line[0] == "done" and line[3] == "1"}
         put |= {f"{line[1]}:{i}" for line in history.lines if line[0] == "put" for i in range(int(line[2]))}
     # Every item a put() acknowledged is still there (a failover that lost commits loses them).
@@ -294,6 +297,9 @@ def _dispenser_end(alias: str, obj: str, directory: Path, kills: int) -> list[st
     if undone:
         found.append(f"{len(undone)} items counted done are not done in the database, e.g. {undone[:3]}")
     done = counts.get("done", 0)
-    if not len(logged) <= done <= len(logged) + kills:
-        found.append(f"the database has {done} items done, the clients counted {len(logged)} ({kills} killed)")
+    if not len(logged) <= done <= len(logged) + kills + unknown:
+        found.append(
+            f"the database has {done} items done, the clients counted {len(logged)}"
+            f" ({kills} killed, {unknown} answers lost)"
+        )
     return found
