@@ -18,6 +18,7 @@ from resource_lease.db import json_text
 from resource_lease.db.base import Dialect
 from resource_lease.db.connections import Disconnected, run, run_repeatable
 from resource_lease.db.statements import fill
+from resource_lease.exceptions import DatabaseUnavailable, OutcomeUnknown
 
 logger = logging.getLogger("resource_lease")
 
@@ -268,7 +269,14 @@ class ItemOperations:
             c.execute(d.sql["ITEMS_COUNT_TOKEN"], {"dispenser": dispenser, "worker": worker, "token": token})
             return int(c.fetchall()[0][0])
 
-        return int(run_repeatable(self.alias, settle, what=what))
+        try:
+            return int(run_repeatable(self.alias, settle, what=what))
+        except DatabaseUnavailable as exc:
+            # The first run was sent and may have changed rows: "nothing was sent" would be
+            # untrue (a failover: the primary gone with the answer, no new one yet to settle on).
+            raise OutcomeUnknown(
+                f"{what}: the connection was lost with the answer and the outcome could not be read back: {exc}"
+            ) from exc
 
     def renew_claims(
         self, dispenser: str, worker: str, keys: Sequence[str], fences: Sequence[int] | None, ttl: float

@@ -272,9 +272,8 @@ class DispenserClient(Client):
             try:
                 count = self.dispenser.done(self.worker, [item])
             except LeaseDatabaseError:
-                # Maybe marked: even a DatabaseUnavailable, when done's first attempt was sent
-                # and its connection lost, and the reconnect then failed (a failover: seen in
-                # tests/test_patroni.py's switchover; db/connections.py's run_repeatable).
+                # Maybe marked (OutcomeUnknown: the answer lost with the connection, and no
+                # primary yet to read it back from; a failover's switchover).
                 self.history.write("unknown", item.key, item.fence, now())
                 raise
             self.history.write("done", item.key, item.fence, count, now())
