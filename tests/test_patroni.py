@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -60,6 +61,7 @@ def patroni(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str
 class Cluster:
     name: str  # the database the tests use on the cluster
     pauses: list[tuple[str, float]] = field(default_factory=list)  # (fault, seconds from fault to first grant)
+    outcomes: list[tuple[str, Outcome]] = field(default_factory=list)  # every failover's, for the table
 
     @property
     def url(self) -> str:
@@ -82,6 +84,29 @@ class Cluster:
         """The leader's node (1-3) as Patroni's REST API says, or None."""
         answer = patroni("leader", timeout=30)
         return int(answer.stdout.strip()) if answer.returncode == 0 and answer.stdout.strip().isdigit() else None
+
+
+def failover_table(outcomes: list[tuple[str, Outcome]]) -> str:
+    """docs/ha.md's table: per fault, the failovers, grants before / after (range), violations
+    (the ledger's and the primitives'), the new primary and the first grant on it (p50 / max)."""
+    rows = ["| fault | failovers | grants before / after | violations | lock, election, dispenser grants |"
+            " fault to new primary: p50 / max | fault to first grant on it: p50 / max |",
+            "|---|---|---|---|---|---|---|"]  # fmt: skip
+
+    def spread(values: list[float]) -> str:
+        return f"{statistics.median(values):.1f} s / {max(values):.1f} s"
+
+    for fault in dict.fromkeys([f for f, _ in outcomes] + ["all"]):
+        mine = [o for f, o in outcomes if f == fault or fault == "all"]
+        before, after = [o.grants_before for o in mine], [o.grants_after for o in mine]
+        violations = sum(o.violations + sum(v["violations"] for v in o.primitives.values()) for o in mine)
+        grants = [sum(o.primitives.get(p, {}).get("grants", 0) for o in mine) for p in PRIMITIVES]
+        rows.append(
+            f"| {fault} | {len(mine)} | {min(before)}-{max(before)} / {min(after)}-{max(after)} | {violations} |"
+            f" {', '.join(str(g) for g in grants)} | {spread([o.new_leader for o in mine])} |"
+            f" {spread([o.pause for o in mine])} |"
+        )
+    return "\n".join(rows)
 
 
 def admin_connect(dbname: str = "postgres") -> Any:
@@ -132,6 +157,8 @@ def cluster() -> Iterator[Cluster]:
                 f"patroni: fault to first grant on the new primary over {len(pauses)} failovers:"
                 f" p50 {statistics.median(pauses):.1f}s max {pauses[-1]:.1f}s ({the_cluster.pauses})"
             )
+        if the_cluster.outcomes:
+            print(failover_table(the_cluster.outcomes))
         if was_up:
             patroni("up")
             with admin_connect() as db:
@@ -259,6 +286,7 @@ class Outcome:
     violations: int
     summary: str
     pause: float  # seconds from the fault to the first grant after it
+    new_leader: float  # seconds from the fault to another node accepting writes
     held: list[bool]  # each renewing holder kept its lease through the failover
     waiters_ok: bool
     notes: list[str]
@@ -275,44 +303,48 @@ PRIMITIVES = ("lock", "election", "dispenser")
 
 def start_primitives(
     spawn: Callable[..., Proc], cluster: Cluster, tmp_path: Path, kind: str
-) -> dict[str, tuple[Path, list[Proc]]]:
+) -> dict[str, tuple[Path, str, list[Proc]]]:
+    """The clients of each primitive: its histories' directory, its object's name (new for
+    each scenario: a round of the long mode starts from nothing), its processes."""
     directories = {}
+    token = secrets.token_hex(3)
     for primitive in PRIMITIVES:
         directory = tmp_path / primitive
         directory.mkdir()
         plan = Plan(primitive, seconds=1, processes=2, ttl=2.0, wait=2.0, hold=0.01, objects=1)
+        name = f"{kind}-{token}-{primitive}"
         procs = [
             spawn(
-                ["project.bench.nemesis.client", *client_args(plan, directory, f"{kind}-{primitive}", i)],
+                ["project.bench.nemesis.client", *client_args(plan, directory, name, i)],
                 cluster.env(RESOURCE_LEASE_AUDIT="0"),
             )
             for i in range(plan.processes)
         ]
-        directories[primitive] = (directory, procs)
+        directories[primitive] = (directory, name, procs)
     return directories
 
 
 def judge_primitives(
     spawn: Callable[..., Proc],
     cluster: Cluster,
-    directories: dict[str, tuple[Path, list[Proc]]],
-    kind: str,
+    directories: dict[str, tuple[Path, str, list[Proc]]],
     *,
     down: tuple[int, int],
     served_from: int,
 ) -> dict[str, dict[str, Any]]:
     """Drain the dispenser, stop the clients, judge each primitive's histories."""
-    (directories["dispenser"][0] / "drain").touch()
-    end_args = ["tests.procs.dispenser_end", "--object", f"{kind}-dispenser", "--dir", str(directories["dispenser"][0])]
+    dispenser, name, _ = directories["dispenser"]
+    (dispenser / "drain").touch()
+    end_args = ["tests.procs.dispenser_end", "--object", name, "--dir", str(dispenser)]
     spawn([*end_args, "--drain"], cluster.env()).rest(120)  # the clients do what is left
-    for directory, _ in directories.values():
+    for directory, _, _ in directories.values():
         (directory / "stop").touch()
-    for _, procs in directories.values():
+    for _, _, procs in directories.values():
         for proc in procs:
             proc.rest(60)  # its history complete
     end = spawn(end_args, cluster.env()).rest(60)
     verdicts = {}
-    for primitive, (directory, _) in directories.items():
+    for primitive, (directory, _, _) in directories.items():
         verdict = checker.check(
             directory, primitive=primitive, faults=checker.FaultLog(down=[down]), served_from=served_from
         )
@@ -460,7 +492,6 @@ def failover_scenario(
             spawn,
             cluster,
             directories,
-            kind,
             down=(fault_at, int(released_at * 1e9)),
             served_from=int(released_at * 1e9),
         )
@@ -503,6 +534,7 @@ def failover_scenario(
         violations=verdict.violations,
         summary=verdict.summary(),
         pause=pause,
+        new_leader=new_leader_at - fault_at / 1e9,
         held=held,
         waiters_ok=waiters_ok,
         notes=notes,
@@ -529,6 +561,7 @@ def test_no_double_grant_and_fences_rise_through_a_failover(
     through it: one holder at a time, one leader per term, no item lost or done twice."""
     outcome = failover_scenario(cluster, spawn, tmp_path, fault, kind=f"pf-{fault}")
     cluster.pauses.append((fault, round(outcome.pause, 1)))
+    cluster.outcomes.append((fault, outcome))
     assert outcome.grants_before >= 10 and outcome.grants_after >= 10, outcome
     assert outcome.violations == 0, outcome
     assert outcome.held == [True, True], outcome
