@@ -149,3 +149,14 @@ def test_the_tally_adds_up_the_runs_of_a_primitive_and_refuses_what_is_not_a_rep
     broken.write_text(json.dumps([{"primitive": "lock"}]))
     with pytest.raises(ValueError, match="broken.json: not a nemesis report"):
         tally([broken])
+
+
+def test_the_failover_fault_needs_a_cluster_and_known_kinds() -> None:
+    """Without a Patroni cluster behind the run's URL the failover fault is not injected, and
+    the report says why (tests/test_patroni.py runs it on the cluster); an unknown way of
+    failing over is refused, naming the ways."""
+    from project.bench.nemesis.failover import failover_allowed
+
+    assert "not a cluster" in failover_allowed("default")
+    with pytest.raises(ValueError, match="failover kinds: reboot; choose from kill, stop, switchover, cut"):
+        Plan("lock", seconds=1, failover_kinds=("reboot",))

@@ -592,3 +592,24 @@ def test_negative_control_asynchronous_replication_loses_grants_and_the_checks_s
         patroni("up")
     assert outcome.grants_after >= 10, outcome
     assert outcome.violations > 0, f"the checks did not notice grants lost by an asynchronous failover: {outcome}"
+
+
+def test_the_nemesis_fails_the_cluster_over(cluster: Cluster) -> None:
+    """``manage.py nemesis --faults failover`` on the cluster's URL: the primary switched
+    over while four processes use locks, the checker's verdict clean, the failover counted
+    and its pause figured (docs/jepsen.md#failovers-a-patroni-cluster; the long runs there
+    take the primary away every way)."""
+    assert patroni("up").returncode == 0
+    answer = subprocess.run(
+        [sys.executable, "manage.py", "nemesis", "--primitive", "lock", "--seconds", "6", "--processes", "4",
+         "--ttl", "1", "--faults", "failover", "--failover-kinds", "switchover", "--restart-every", "1",
+         "--database", cluster.url, "--json"],
+        cwd=REPO, env=cluster.env(DJANGO_SETTINGS_MODULE="project.settings"), capture_output=True, text=True,
+        timeout=240,
+    )  # fmt: skip
+    assert answer.returncode == 0, answer.stdout[-3000:] + answer.stderr[-3000:]
+    report = json.loads(answer.stdout)[0]
+    print(f"patroni nemesis: {report}")
+    assert report["faults"].get("failover_switchover") == 1, report
+    assert report["violations"] == 0 and report["grants"] >= 10, report
+    assert report["longest_pause"] > 0 and len(report["failover_seconds"]) == 1, report
