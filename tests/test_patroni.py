@@ -382,6 +382,18 @@ def wait_for_new_leader(cluster: Cluster, old: int) -> tuple[float, int]:
     raise AssertionError(f"no new primary {FAILOVER_DEADLINE:.0f}s after the fault: {patroni('status').stdout}")
 
 
+def cut_ttl(fault: str) -> int:
+    """The ttl of the renewing holders and of the lock held through the failover: 30 s, longer
+    than a failover (about 12 s); through a network cut 60 s. A renewal sent just after the cut
+    hangs for the io timeout (LOCK_WAIT_TIMEOUT + 5 s: libpq's tcp_user_timeout), the reconnect then tries the cut node too (for the io timeout
+    again: connect_timeout) while no other node accepts writes yet: the renewal that must land before the
+    lease's deadline (ttl after the last one, which may be a renewal interval, ttl / 3, before
+    the cut) can come failover + 2 io timeouts after the cut (about 33 s): ttl / 3 * 2 must
+    exceed that. With ttl 30 both holders lost their leases in one cut of three (the renewal
+    hung 10 s, the connect to the cut node took 10 s more)."""
+    return 60 if fault == "cut" else 30
+
+
 def failover_scenario(
     cluster: Cluster, spawn: Callable[..., Proc], tmp_path: Path, fault: str, *, kind: str, with_lock: bool = True
 ) -> Outcome:
@@ -393,6 +405,7 @@ def failover_scenario(
     setup_pool(spawn, cluster, f"{kind}-hold", 2)
     env = cluster.env()
     lock, release_file = f"{kind}-lock", tmp_path / "release-lock"
+    ttl = str(cut_ttl(fault))
     holders = [
         spawn(
             [
@@ -401,7 +414,7 @@ def failover_scenario(
                 "--kind",
                 f"{kind}-hold",
                 "--ttl",
-                "30",
+                ttl,
                 "--seconds",
                 "300",
                 "--dir",
@@ -414,7 +427,7 @@ def failover_scenario(
     for holder in holders:
         holder.until("ev", "acquired")
     lock_env = cluster.env(RESOURCE_LEASE_PATRONI_LINE_POLL=str(WAITER_POLL))
-    waiter_args = ["tests.procs.line_waiter", "--what", f"lock:{lock}", "--once", "--ttl", "30"]
+    waiter_args = ["tests.procs.line_waiter", "--what", f"lock:{lock}", "--once", "--ttl", ttl]
     waiters: list[Proc] = []
     if with_lock:
         lock_holder = spawn([*waiter_args, "--hold", "300", "--until", str(release_file)], lock_env)
