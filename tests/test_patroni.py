@@ -7,14 +7,19 @@ cluster that does not boot fails the run instead of skipping. Every worker conne
 one multi-host URL (``target_session_attrs=read-write``): libpq finds the primary, wherever
 it is now.
 
-Each failover scenario runs, at once: cycle workers (acquire, the ledger's unsafe critical
+Each failover scenario (the primary SIGKILLed, SIGSTOPped, switched over, cut off the
+network) runs, at once: cycle workers (acquire, the ledger's unsafe critical
 section, release: tests/ledger.py, whose one exclusion checker is tests/grants.py), holders
 that keep a lease by renewing it (ttl 30 s, longer than a failover), and a lock held through
 the failover with two processes waiting in line for it, whose waits poll only once a
 minute (tests/patroni_settings.py): they are served promptly after the release only if its
-NOTIFY reaches them, that is if their LISTEN connection found the new primary. The checks:
-no resource granted twice and fences strictly increasing per resource (the ledger), grants
-made after the failover, the holders' leases kept, the waiters served after the holder.
+NOTIFY reaches them, that is if their LISTEN connection found the new primary; and the
+nemesis's clients on a lock, an election and a dispenser. The checks: no resource granted
+twice and fences strictly increasing per resource (the ledger), grants made after the
+failover, the holders' leases kept, the waiters served after the holder; the nemesis
+checker's verdict on the other primitives (one leader per term, no dispenser item lost or
+done twice). RESOURCE_LEASE_PATRONI_ROUNDS=N runs each fault N times and prints docs/ha.md's
+table at the end (the long mode).
 The negative control turns synchronous replication off and makes the failover lose the
 last commits: the same ledger check must catch it.
 """
