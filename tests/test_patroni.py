@@ -622,7 +622,7 @@ def test_the_nemesis_fails_the_cluster_over(cluster: Cluster) -> None:
         [sys.executable, "manage.py", "nemesis", "--primitive", "lock", "--seconds", "6", "--processes", "4",
          "--ttl", "1", "--faults", "failover", "--failover-kinds", "switchover", "--restart-every", "1",
          "--database", cluster.url, "--json"],
-        cwd=REPO, env=cluster.env(DJANGO_SETTINGS_MODULE="project.settings"), capture_output=True, text=True,
+        cwd=REPO, env={**cluster.env(), "DJANGO_SETTINGS_MODULE": "project.settings"}, capture_output=True, text=True,
         timeout=240,
     )  # fmt: skip
     assert answer.returncode == 0, answer.stdout[-3000:] + answer.stderr[-3000:]

@@ -9,7 +9,7 @@
   when ``RESOURCE_LEASE_FAULTS_NO_RESTART`` is unset, the server is on this machine and we
   are root;
 - ``failover``: take the primary of a Patroni cluster away (SIGKILL, SIGSTOP, switchover or
-  a network cut, in turn) and make the cluster whole again (failover.py), at most once per
+  a network cut, in turn from one drawn at random) and make the cluster whole again (failover.py), at most once per
   ``restart_every`` seconds, only when the database is the cluster of scripts/patroni;
 - ``skew``: move a random client's wall clock (libfaketime reads the client's own
   timestamp file at every call: +5 h, -7 h, +90 s, back to 0). The monotonic clock, which
@@ -98,6 +98,7 @@ class Nemesis:
     failover_kinds: tuple[str, ...] = failover.KINDS
     failovers: list[failover.Failover] = field(default_factory=list)
     last_failover: float = field(default_factory=time.monotonic)
+    failover_start: int = 0
 
     # -- clients ---------------------------------------------------------------------
 
@@ -217,7 +218,11 @@ class Nemesis:
     def _failover(self) -> bool:
         if failover.patroni("status", timeout=60).returncode != 0:
             return False  # not whole yet after the last one: a replica still rejoining
-        kind = self.failover_kinds[len(self.failovers) % len(self.failover_kinds)]
+        # In turn, from a kind drawn at random (a short run that fails over thrice still
+        # meets every kind across runs).
+        if not self.failovers:
+            self.failover_start = self.rng.randrange(len(self.failover_kinds))
+        kind = self.failover_kinds[(self.failover_start + len(self.failovers)) % len(self.failover_kinds)]
         try:
             made = failover.fail_over(self.alias, kind)
         finally:
