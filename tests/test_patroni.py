@@ -42,6 +42,7 @@ import pytest
 from django.db import connection
 
 from project.bench.nemesis import checker
+from project.bench.nemesis.failover import AFTERMATH
 from project.bench.nemesis.runner import Plan, client_args
 from tests.ledger import check, read
 
@@ -510,7 +511,7 @@ def failover_scenario(
             spawn,
             cluster,
             directories,
-            down=(fault_at, int(released_at * 1e9)),
+            down=(fault_at, int((released_at + AFTERMATH) * 1e9)),
             served_from=int(released_at * 1e9),
         )
         if directories

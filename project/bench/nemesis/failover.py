@@ -29,6 +29,9 @@ PATRONI = REPO / "scripts" / "patroni"
 KINDS = ("kill", "stop", "switchover", "cut")
 #: Seconds a failover may take before the nemesis gives up on it (Patroni's ttl here: 10 s).
 DEADLINE = 90.0
+#: Seconds after the cluster is whole again during which clients may still wait on the old
+#: primary: two io timeouts of the engine (LOCK_WAIT_TIMEOUT + 5 s each, db/connections.py).
+AFTERMATH = 20.0
 
 
 def patroni(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
