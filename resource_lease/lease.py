@@ -24,7 +24,11 @@ from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.db.operations import Grant, Operations, ops
 from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost, NoResourceAvailable
 from resource_lease.keeper import dispatch, keeper
+from resource_lease.line.aio import awaits
+from resource_lease.line.threads import runs
+from resource_lease.line.wakeups import after_release
 from resource_lease.models import Resource
+from resource_lease.offload import in_thread
 from resource_lease.validation import (
     Options,
     check_alias,
@@ -36,7 +40,6 @@ from resource_lease.validation import (
     check_timeout,
     check_where,
 )
-from resource_lease.wakeups import after_release
 
 logger = logging.getLogger("resource_lease")
 
@@ -231,7 +234,7 @@ class Lease:
         if os.getpid() != self._pid:
             raise LeaseLost(f"{self!r} belongs to process {self._pid}, not to this forked child")
         if not self.lost_event.is_set() and time.monotonic() >= self._deadline:
-            self._mark_lost("the local deadline passed without a successful renewal")
+            self.mark_lost("the local deadline passed without a successful renewal")
         if self.lost_event.is_set():
             raise LeaseLost(f"{self!r}: {self.lost_reason}")
 
@@ -253,7 +256,7 @@ class Lease:
         sent_at = time.monotonic()
         expiry = self._ops().renew(ttl=ttl, **self._key())
         if expiry is None:
-            self._mark_lost("the database refused the renewal: the lease expired or another holder took it")
+            self.mark_lost("the database refused the renewal: the lease expired or another holder took it")
             raise LeaseLost(f"{self!r}: {self.lost_reason}")
         with self._lock:
             self.expires_at = expiry
@@ -263,7 +266,7 @@ class Lease:
             # The answer came back after the very deadline it set: by the database's clock the
             # lease may have expired in between and the resource been granted again
             # (docs/pitfalls.md#late-answers).
-            self._mark_lost("the renewal's answer came back after the lease's local deadline")
+            self.mark_lost("the renewal's answer came back after the lease's local deadline")
             raise LeaseLost(f"{self!r}: {self.lost_reason}")
         return expiry
 
@@ -358,7 +361,7 @@ class Lease:
                 .exists()
             )
             if not current:
-                self._mark_lost("a fenced write found the lease expired or taken")
+                self.mark_lost("a fenced write found the lease expired or taken")
                 raise LeaseLost(f"{self!r}: {self.lost_reason}")
             yield
 
@@ -383,8 +386,6 @@ class Lease:
                 # every renewal of the process); at once in a thread of the user's (check()).
                 dispatch(self.callback_owner or self, self.on_lost, self)
 
-    _mark_lost = mark_lost  # the name this module's own callers use
-
     def renew_in_background(self) -> float | None:
         """One renewal by the keeper (``renewal.Renewer``), under the one failure
         policy (``renewal.renew_once``); seconds until the next, or None to stop."""
@@ -399,23 +400,20 @@ class Lease:
         return interval if step.renewed else step.retry_in
 
     # -- from async code ---------------------------------------------------------------
-    # Each runs the statement in a worker thread (``aio.in_thread``), never on the event loop.
+    # Each runs the statement in a worker thread (``offload.in_thread``), never on the event loop.
 
     async def arenew(self, ttl: float | None = None) -> dt.datetime:
         """``renew()`` for async code."""
-        from resource_lease.aio import in_thread
 
         return await in_thread(self.renew, ttl)
 
     async def arelease(self) -> bool:
         """``release()`` for async code."""
-        from resource_lease.aio import in_thread
 
         return await in_thread(self.release)
 
     async def ais_held(self) -> bool:
         """``is_held()`` for async code."""
-        from resource_lease.aio import in_thread
 
         return await in_thread(self.is_held)
 
@@ -425,7 +423,6 @@ class Lease:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        from resource_lease.aio import in_thread
 
         await in_thread(self.__exit__, exc_type, exc, tb)
 
@@ -446,45 +443,6 @@ class Lease:
             logger.exception("releasing %r after an error failed", self)
 
 
-def acquire(
-    kind: str,
-    *,
-    ttl: float | None = None,
-    timeout: float | None = 0,
-    holder: str | None = None,
-    using: str | None = None,
-    auto_renew: bool = False,
-    on_lost: OnLost | None = None,
-    where: dict[str, Any] | None = None,
-    priority: int = 0,
-    lock_delay: float = 0.0,
-) -> Lease:
-    """Lease any free, healthy resource of ``kind`` for ``ttl`` seconds.
-
-    ``timeout``: 0 makes one attempt, > 0 waits in line up to that many seconds, None waits
-    until one is free (``resource_lease.line``: first come, first served, higher ``priority``
-    first, woken at release). ``where``: keys and values the resource's ``data`` must have
-    (``{"region": "eu"}``; compared exactly). ``lock_delay``: seconds (default 0) for which
-    the resource is granted to nobody if this lease expires without being released (a
-    release frees it at once), by the database's clock. Raises ``NoResourceAvailable`` when none could be
-    had (at once if the kind has no resources at all) and ``ValueError`` for bad arguments.
-    The grant is committed on the engine's own connection, so it is independent of any
-    transaction the caller has open.
-    """
-    return acquiring(
-        kind,
-        ttl=ttl,
-        timeout=timeout,
-        holder=holder,
-        using=using,
-        auto_renew=auto_renew,
-        on_lost=on_lost,
-        where=where,
-        priority=priority,
-        lock_delay=lock_delay,
-    ).run()
-
-
 def acquiring(
     kind: str,
     *,
@@ -498,8 +456,21 @@ def acquiring(
     priority: int = 0,
     lock_delay: float = 0.0,
 ) -> line.Wait[Lease]:
-    """``acquire()``'s arguments, checked (``ValueError``, nothing written), as the wait that
-    ``acquire()`` runs and ``aio.aacquire`` awaits."""
+    """Lease any free, healthy resource of ``kind`` for ``ttl`` seconds.
+
+    ``timeout``: 0 makes one attempt, > 0 waits in line up to that many seconds, None waits
+    until one is free (``resource_lease.line``: first come, first served, higher ``priority``
+    first, woken at release). ``where``: keys and values the resource's ``data`` must have
+    (``{"region": "eu"}``; compared exactly). ``lock_delay``: seconds (default 0) for which
+    the resource is granted to nobody if this lease expires without being released (a
+    release frees it at once), by the database's clock. Raises ``NoResourceAvailable`` when none could be
+    had (at once if the kind has no resources at all) and ``ValueError`` for bad arguments.
+    The grant is committed on the engine's own connection, so it is independent of any
+    transaction the caller has open.
+
+    ``acquiring`` checks the arguments (``ValueError``, nothing written) and builds the wait
+    that ``acquire`` runs in this thread and ``aacquire`` awaits: one signature for the three.
+    """
     kind = check_kind(kind)
     options = Options.of(ttl=ttl, using=using, holder=holder, default_holder=default_holder)
     ttl, alias, holder = options.ttl, options.using, options.holder
@@ -550,6 +521,10 @@ def acquiring(
         where=where_sql,
         handoff=not delay,
     )
+
+
+acquire = runs(acquiring, "acquire")
+aacquire = awaits(acquiring, "aacquire")
 
 
 def granted(lease: Lease, *, auto_renew: bool) -> Lease:

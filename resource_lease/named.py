@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from resource_lease.backoff import Backoff
 from resource_lease.db import json_text
 from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.db.operations import ops
@@ -32,7 +33,6 @@ from resource_lease.forking import at_fork
 from resource_lease.keeper import keeper
 from resource_lease.lease import Lease, OnLost, attempt_grant, granted
 from resource_lease.models import COORDINATION_PREFIX, Resource
-from resource_lease.waiting import Backoff
 
 logger = logging.getLogger("resource_lease")
 

@@ -27,14 +27,14 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from resource_lease import acquire, leaving, lock
+from resource_lease import acquire, lock
 from resource_lease.db.connections import lease_connection, run_repeatable
 from resource_lease.db.postgresql import HANDED_DATA_MAX
 from resource_lease.lease import attempt_grant
-from resource_lease.line import Line, Waiting
+from resource_lease.line import Line, Waiting, leaving
+from resource_lease.line.wakeups import Waker
 from resource_lease.models import Resource, Waiter
 from resource_lease.recipes.locks import LOCK_KIND
-from resource_lease.wakeups import Waker
 from tests.conftest import worker_env
 from tests.line_waiting import Waiting as WaiterProcess
 from tests.line_waiting import wait_for_places

@@ -13,7 +13,8 @@ from collections.abc import Callable
 import pytest
 from django.db import connection
 
-from resource_lease import acquire, lock, wakeups
+from resource_lease import acquire, lock
+from resource_lease.line import wakeups
 from resource_lease.models import Resource
 from resource_lease.recipes.locks import LOCK_KIND
 from tests.conftest import worker_env

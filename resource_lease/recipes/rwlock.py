@@ -23,13 +23,14 @@ from typing import Any
 from django.db import transaction
 
 from resource_lease import named
-from resource_lease.db import DbNow
+from resource_lease.db.clock import DbNow
 from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.db.operations import Grant, Operations
 from resource_lease.db.rwlock_operations import grant_read, grant_write, reader_ops
 from resource_lease.exceptions import LeaseLost, LockHeld
 from resource_lease.lease import Lease, OnLost, attempt_grant, granted
 from resource_lease.line import Line, Wait, waiters
+from resource_lease.line.aio import Acquiring
 from resource_lease.models import Resource
 from resource_lease.recipes.locks import LockCall, delayed
 from resource_lease.validation import check_name
@@ -63,7 +64,7 @@ class ReadLease(Lease):
                 .exists()
             )
             if not current:
-                self._mark_lost("a fenced write found the read grant's period over")
+                self.mark_lost("a fenced write found the read grant's period over")
                 raise LeaseLost(f"{self!r}: {self.lost_reason}")
             yield
 
@@ -90,7 +91,7 @@ class RwLock:
 
     def reading(self, **lock_kwargs: Any) -> Wait[Lease]:
         """``read()``'s arguments, checked (``ValueError``, nothing written), as the wait that
-        ``read()`` runs and ``aio.arwlock(name).read`` awaits."""
+        ``read()`` runs and ``arwlock(name).read`` awaits."""
         return self._waiting(shared=True, **lock_kwargs)
 
     def writing(self, **lock_kwargs: Any) -> Wait[Lease]:
@@ -217,4 +218,29 @@ def rwlock(name: str) -> RwLock:
     return RwLock(name)
 
 
-__all__ = ["RWLOCK_KIND", "ReadLease", "RwLock", "rwlock"]
+class ARwLock:
+    """``rwlock(name)`` for async code: ``await arwlock(name).read(...)``, ``async with
+    arwlock(name).write(...) as lease``; the same ``Lease`` as the sync rwlock's."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<ARwLock {self.name!r}>"
+
+    def read(self, **kwargs: Any) -> Acquiring[Lease]:
+        """``rwlock(name).read()`` for async code."""
+        return Acquiring(lambda: RwLock(self.name).reading(**kwargs))
+
+    def write(self, **kwargs: Any) -> Acquiring[Lease]:
+        """``rwlock(name).write()`` for async code."""
+        return Acquiring(lambda: RwLock(self.name).writing(**kwargs))
+
+
+def arwlock(name: str) -> ARwLock:
+    """``rwlock()`` for async code: ``.read(...)`` and ``.write(...)`` are awaitable and async
+    context managers, taking ``lock()``'s keyword arguments."""
+    return ARwLock(name)
+
+
+__all__ = ["RWLOCK_KIND", "ARwLock", "ReadLease", "RwLock", "arwlock", "rwlock"]

@@ -88,9 +88,9 @@ def setup() -> None:
 
         resource_lease.lease.HANDED_UNREAD_MIN = float("inf")
     if os.environ.get("FAULTS_NO_LEAVE_RETRY"):
-        import resource_lease.leaving
+        import resource_lease.line.leaving
 
-        resource_lease.leaving.retry = lambda place: None  # type: ignore[assignment]
+        resource_lease.line.leaving.retry = lambda place: None  # type: ignore[assignment]
     if os.environ.get("FAULTS_HAND_OUT_LATE"):
         import resource_lease.lease
 

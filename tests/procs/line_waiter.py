@@ -133,10 +133,10 @@ def count_handed_from_the_take() -> None:
 
 
 def trust_stale_marks() -> None:
-    from resource_lease import line
+    from resource_lease.line import places
 
-    line.fresh_mark = lambda line_, where, ttl, now: (  # type: ignore[assignment]
-        line._marks[line_].at if line_ in line._marks else None
+    places.fresh_mark = lambda line_, where, ttl, now: (  # type: ignore[assignment]
+        places._marks[line_].at if line_ in places._marks else None
     )
 
 
@@ -144,9 +144,10 @@ def record_places(places: list[dict[str, Any]], *, heard: bool = False) -> None:
     """Note every place this process takes (its id, and when the insert returned); ``heard``:
     say so only once a release's NOTIFY reaches this process (PostgreSQL's LISTEN is set up
     by its own thread, a moment after the first wait begins)."""
-    from resource_lease import line, wakeups
+    from resource_lease.line import places as line_places
+    from resource_lease.line import wakeups
 
-    enter = line._enter
+    enter = line_places.enter
 
     def entering(*args: Any, **kwargs: Any) -> Any:
         place = enter(*args, **kwargs)
@@ -157,7 +158,7 @@ def record_places(places: list[dict[str, Any]], *, heard: bool = False) -> None:
         emit("entered", **places[-1])
         return place
 
-    line._enter = entering  # type: ignore[assignment]
+    line_places.enter = entering  # type: ignore[assignment]
 
 
 def take(what: str, args: argparse.Namespace) -> Any:
