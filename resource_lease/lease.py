@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import os
 import socket
@@ -519,7 +520,7 @@ def acquiring(
         ttl=ttl,
         priority=priority,
         where=where_sql,
-        handoff=not delay,
+        make=None if delay else making(holder=holder, ttl=ttl, alias=alias, on_lost=on_lost),
     )
 
 
@@ -555,45 +556,43 @@ def attempt_grant(
     matches its ``where``; the holder's lock step passes ``grant_by_id``, a named row
     ``grant_by_name``; an rwlock's read grant ``grant_read`` with ``lease_class`` its
     ``ReadLease``). Package-internal: use ``acquire()``.
-
-    A ``turn`` that claims (``Turn.claiming``) runs no grant: it reads the grant a release
-    handed to its place (PostgreSQL's RELEASE, ``db.line.LineStatements.hands_off``).
     """
     keeper().refuse_when_stopping("grants")
     engine = ops(alias)
-    row: Sequence[Any] | None
-    handed = _handed_row(engine, turn, ttl=ttl, holder=holder)
-    if handed is not None:
-        # Granted by a release, which said what (its NOTIFY): the grant lasts at least ttl
-        # from when this waiter sent ENTER_LINE (RELEASE, db/postgresql.py), nothing to read.
-        row, sent_at = handed, turn.entered_at
-        line.stats.handed_unread += 1
-    elif turn.claim:
+    if statement is None:
+        statement = engine.grant_any(kind, holder=holder, ttl=ttl, turn=turn, where=where, where_sql=where_sql)
+    for tries_left in (1, 0):
         sent_at = time.monotonic()
-        claimed = engine.claim_handed(kind, token=turn.token, pk=turn.row)
-        if claimed is None:
-            return None
-        row, left = claimed
-        # Granted by a release this waiter never saw: its local deadline counts from this
-        # read, with the seconds the database said were left (as if sent that much earlier).
-        sent_at -= max(0.0, ttl - left)
-    else:
-        if statement is None:
-            statement = engine.grant_any(kind, holder=holder, ttl=ttl, turn=turn, where=where, where_sql=where_sql)
-        for tries_left in (1, 0):
-            sent_at = time.monotonic()
-            row, settled = engine.grant(kind, statement)
-            if row is None and settled and tries_left:
-                # Settled: nothing was granted. Most often the statement never reached the
-                # server (a session it had dropped: idle timeout, restart); run it once more
-                # on the new connection, or a single attempt would report free resources as
-                # none.
-                continue
-            break
-        if row is None:
-            return None
-    resource = engine.dialect.to_resource(row)
-    lease = (lease_class or Lease)(resource, holder=holder, ttl=ttl, using=alias, sent_at=sent_at, on_lost=on_lost)
+        row, settled = engine.grant(kind, statement)
+        if row is None and settled and tries_left:
+            # Settled: nothing was granted. Most often the statement never reached the
+            # server (a session it had dropped: idle timeout, restart); run it once more
+            # on the new connection, or a single attempt would report free resources as
+            # none.
+            continue
+        break
+    if row is None:
+        return None
+    return lease_from_row(row, sent_at, holder=holder, ttl=ttl, alias=alias, on_lost=on_lost, lease_class=lease_class)
+
+
+def lease_from_row(
+    row: Sequence[Any],
+    sent_at: float,
+    *,
+    holder: str,
+    ttl: float,
+    alias: str,
+    on_lost: OnLost | None = None,
+    lease_class: type[Lease] | None = None,
+) -> Lease | None:
+    """The lease of a granted row (``sent_at``: when its grant was sent, this machine's
+    monotonic clock): a grant statement's row, or one a release handed to a place in line
+    (``line.handoff``). None if it arrived dead (given back); given back, and refused, if the
+    process is giving back what it holds."""
+    lease = (lease_class or Lease)(
+        ops(alias).dialect.to_resource(row), holder=holder, ttl=ttl, using=alias, sent_at=sent_at, on_lost=on_lost
+    )
     if arrived_dead(lease):
         give_back_dead(lease, took=time.monotonic() - sent_at)
         return None
@@ -605,23 +604,14 @@ def attempt_grant(
     return lease
 
 
-#: The least share of its ttl a grant handed to a place must have left, by the waiter's
-#: clock from when it sent ENTER_LINE, for the waiter to take it as the release described it;
-#: after a longer wait in line it reads the grant (``CLAIM_HANDED``), whose answer says how
-#: long the grant has left.
-HANDED_UNREAD_MIN = 0.5
-
-
-def _handed_row(engine: Any, turn: Turn, *, ttl: float, holder: str) -> Sequence[Any] | None:
-    """The row a release handed to this turn's place, as its NOTIFY described it, if the
-    waiter may take it without reading it: the grant has at least HANDED_UNREAD_MIN of its
-    ttl left counted from when the place was taken. Else None (the claim reads it)."""
-    if not (turn.claim and turn.handed and turn.entered_at):
-        return None
-    if turn.entered_at + ttl - time.monotonic() < HANDED_UNREAD_MIN * ttl:
-        return None
-    row: Sequence[Any] | None = engine.dialect.handed_row(turn.handed, holder=holder, token=turn.token)
-    return row  # its id is the turn's row: both come from the one NOTIFY
+def making(
+    *, holder: str, ttl: float, alias: str, on_lost: OnLost | None = None, lease_class: type[Lease] | None = None
+) -> Callable[[Sequence[Any], float], Lease | None]:
+    """How an entry point's wait makes its lease of a row a release handed to its place
+    (``line.Wait.make``: the line claims the grant, the entry point says what it is)."""
+    return functools.partial(
+        lease_from_row, holder=holder, ttl=ttl, alias=alias, on_lost=on_lost, lease_class=lease_class
+    )
 
 
 def arrived_dead(lease: Lease) -> bool:

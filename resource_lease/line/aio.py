@@ -33,7 +33,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from resource_lease import metrics
 from resource_lease.exceptions import DatabaseUnavailable, LeaseError
-from resource_lease.line.steps import Attempt, Call, Pause, Waiting
+from resource_lease.line.steps import Attempt, Call, Claim, Pause, Waiting
 from resource_lease.line.threads import Grant, Wait, in_time, left
 from resource_lease.line.wakeups import Handed, Waker
 from resource_lease.offload import in_thread
@@ -126,7 +126,7 @@ async def _await_once(wait: Wait[T], waker: AsyncWaker, timeout: float | None, m
         where=wait.where,
         waker=waker,
         shared=wait.shared,
-        handoff=wait.handoff,
+        make=wait.make,
     )
     steps = waiting.steps()
     try:
@@ -136,6 +136,8 @@ async def _await_once(wait: Wait[T], waker: AsyncWaker, timeout: float | None, m
                 try:
                     if isinstance(step, Attempt):
                         value = await _granting(wait.attempt, step.turn)
+                    elif isinstance(step, Claim):
+                        value = await _granting(waiting.claim, step)
                     elif isinstance(step, Call):
                         # Cancelled meanwhile, the call still ends before the cleanup below
                         # (a place it took is then ours to leave).

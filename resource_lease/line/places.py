@@ -66,7 +66,10 @@ class Place:
         #: A release may hand this place a row in its own statement, held under ``token``
         #: (``Dialect.hands_off``): a place found gone may have been served.
         self.token = token
-        self.turn = Turn(place, priority, token=token, entered_at=sent_at)
+        self.turn = Turn(place, priority)
+        #: When (monotonic) its waiter sent the ENTER_LINE that took it: a grant a release
+        #: hands it lasts at least its ttl from then (RELEASE, ``line.handoff``).
+        self.entered_at = sent_at
         self.lost = False
         #: Found gone by its renewal, handed a row or expired (``mark_gone``).
         self.gone = False

@@ -13,8 +13,9 @@ from resource_lease.conf import lease_settings
 from resource_lease.db.connections import LockWaitTimeout
 from resource_lease.db.line import ARRIVING, NEWCOMER, Look, Turn, left_by_grant
 from resource_lease.exceptions import DatabaseUnavailable
-from resource_lease.line import leaving, places
+from resource_lease.line import handoff, leaving, places
 from resource_lease.line.counters import stats
+from resource_lease.line.handoff import Make
 from resource_lease.line.places import Line, Place, marked_now
 from resource_lease.line.wakeups import Waker, board, listen, pass_turn, pushed, unlisten
 
@@ -69,7 +70,17 @@ class Pause:
     seconds: float
 
 
-Step = Attempt | Call | Pause
+@dataclass(frozen=True)
+class Claim:
+    """Step: take the grant a release handed to ``place`` (``line.handoff.claim``: the row it
+    named, 0 if not known; what it said it granted, or None); send back the grant or None."""
+
+    place: Place
+    row: int = 0
+    grant: Any = None
+
+
+Step = Attempt | Call | Claim | Pause
 
 
 class Waiting:
@@ -88,12 +99,13 @@ class Waiting:
         where: str | None,
         waker: Waker,
         shared: bool = False,
-        handoff: bool = False,
+        make: Make[Any] | None = None,
     ) -> None:
         self.line = line
         self.shared = shared
-        #: Its place may be handed a grant by a release (``Wait.handoff``).
-        self.handoff = handoff
+        #: How the caller makes its grant of a row a release handed to its place; None: its
+        #: place takes no hand-off (``Wait.make``).
+        self.make = make
         #: How the wait ended: served by a grant of its own, or by reading the grant a release
         #: handed its place (``_claim``).
         self.granted = False
@@ -145,7 +157,7 @@ class Waiting:
                 ttl=self.ttl,
                 waker=self.waker,
                 shared=self.shared,
-                handoff=self.handoff,
+                handoff=self.make is not None,
             )
             return self.place
         except LockWaitTimeout as exc:
@@ -183,6 +195,11 @@ class Waiting:
         board().add((self.line.alias, self.line.kind, self.line.name), self.waker)
         listen(self.line.alias)
 
+    def claim(self, step: Claim) -> Any:
+        """Run a ``Claim`` step (a database call): the grant, made by the caller, or None."""
+        assert self.make is not None, "a place that takes no hand-off is never handed a row"
+        return handoff.claim(step.place, self.make, ttl=self.ttl, holder=self.holder, row=step.row, grant=step.grant)
+
     def _claim(self, place: Place, row: int, grant: tuple[Any, ...] | None = None) -> Generator[Step, Any, Any]:
         """Take the grant a release handed to ``place`` (``row``: the one it named, 0: any;
         ``grant``: what the release said it granted, else it is read); none (the place had
@@ -191,7 +208,7 @@ class Waiting:
         stats.claims += 1
         place.attempting, result = True, None
         try:
-            result = yield Attempt(place.turn.claiming(row, grant))
+            result = yield Claim(place, row, grant)
         finally:
             place.attempted(granted=True)  # judged here: a renewal meanwhile found it gone, as we know
         if result is not None:

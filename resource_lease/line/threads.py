@@ -14,8 +14,9 @@ from resource_lease import metrics
 from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.exceptions import DatabaseUnavailable
 from resource_lease.line.counters import stats
+from resource_lease.line.handoff import Make
 from resource_lease.line.places import Line
-from resource_lease.line.steps import Attempt, Call, Pause, Waiting
+from resource_lease.line.steps import Attempt, Call, Claim, Pause, Waiting
 from resource_lease.line.wakeups import Waker
 
 T = TypeVar("T")
@@ -47,7 +48,7 @@ def wait_in_line(
     where: str | None = None,
     waker: Waker | None = None,
     shared: bool = False,
-    handoff: bool = False,
+    make: Make[T] | None = None,
 ) -> T | None:
     """Call ``attempt(turn)`` until it grants (returns something other than None) or
     ``timeout`` seconds (None: for ever; 0: one attempt as a newcomer) have passed; then None.
@@ -57,10 +58,10 @@ def wait_in_line(
     (``Dialect.encode_where``), for its looks. ``waker``: pass one to be able to interrupt the
     wait (``waker.wake()``; the next ``attempt`` then raises). ``shared``: the caller is a
     reader of an rwlock (its place lets readers behind it be served with it; only writers
-    ahead of it count). ``handoff``: a release may hand the caller's place its row where the
-    database can (``Wait.handoff``); ``attempt`` is then also called with a turn that claims
-    (``Turn.claiming``), and must pass it on to ``lease.attempt_grant``. Exceptions propagate
-    at once, and the place is left on the way out.
+    ahead of it count). ``make``: a release may hand the caller's place its row where the
+    database can; the line takes that grant (``line.handoff``) and ``make`` makes the caller's
+    grant of the row (``Wait.make``). Exceptions propagate at once, and the place is left on
+    the way out.
 
     A grant that is past its local deadline once the place has been left (a hung node held
     that statement up) is given back, and the wait goes on while its timeout lasts
@@ -87,7 +88,7 @@ def wait_in_line(
             where=where,
             waker=waker,
             shared=shared,
-            handoff=handoff,
+            make=make,
         )
         if grant is None or in_time(grant) is not None:
             return grant
@@ -119,7 +120,7 @@ def _wait_once(
     where: str | None,
     waker: Waker | None,
     shared: bool,
-    handoff: bool,
+    make: Make[T] | None,
 ) -> T | None:
     waiting = Waiting(
         line,
@@ -130,7 +131,7 @@ def _wait_once(
         where=where,
         waker=Waker() if waker is None else waker,
         shared=shared,
-        handoff=handoff,
+        make=make,
     )
     steps = waiting.steps()
     try:
@@ -139,6 +140,8 @@ def _wait_once(
             try:
                 if isinstance(step, Attempt):
                     value: Any = attempt(step.turn)
+                elif isinstance(step, Claim):
+                    value = waiting.claim(step)
                 elif isinstance(step, Call):
                     value = step.run()
                 else:
@@ -196,10 +199,11 @@ class Wait(Generic[T]):
     where: str | None = None
     #: A reader of an rwlock (``wait_in_line``'s ``shared``).
     shared: bool = False
-    #: A release may hand the caller's place its row in its own statement, where the database
-    #: can (PostgreSQL): ``attempt`` passes a claiming turn on to ``lease.attempt_grant``, and
-    #: the grant carries no lock delay (the hand-off writes none).
-    handoff: bool = False
+    #: How the caller makes its grant of a row a release handed to its place in its own
+    #: statement, where the database can (PostgreSQL): the line takes the grant
+    #: (``line.handoff``), and nobody else sees it. None: the place takes no hand-off (a grant
+    #: with a lock delay, which the hand-off does not write; a reader of an rwlock).
+    make: Make[T] | None = None
 
     def run(self, waker: Waker | None = None) -> T:
         """Wait in this thread; the answer of ``conclude``. The wait is measured
@@ -215,7 +219,7 @@ class Wait(Generic[T]):
                 where=self.where,
                 waker=waker,
                 shared=self.shared,
-                handoff=self.handoff,
+                make=self.make,
             )
             return self.finish(grant, measured)
 

@@ -151,7 +151,7 @@ class Election:
             timeout=wait,
             holder=self.holder,
             ttl=self.ttl,
-            handoff=True,
+            make=self._row.making(),
         )
 
     def _grant_once(self, *, auto_renew: bool) -> Lease | None:

@@ -25,7 +25,7 @@ from resource_lease import named
 from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseLost, LockHeld
-from resource_lease.lease import Lease, OnLost, attempt_grant, default_holder, granted
+from resource_lease.lease import Lease, OnLost, attempt_grant, default_holder, granted, making
 from resource_lease.line import Line, Wait, waiters
 from resource_lease.line.aio import awaits
 from resource_lease.line.threads import runs
@@ -330,7 +330,9 @@ def _wait(
         holder=call.holder,
         ttl=call.ttl,
         priority=call.priority,
-        handoff=not call.lock_delay,
+        make=None
+        if call.lock_delay
+        else making(holder=call.holder, ttl=call.ttl, alias=call.using, on_lost=call.on_lost),
     )
 
 

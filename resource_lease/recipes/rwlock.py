@@ -28,7 +28,7 @@ from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.db.operations import Grant, Operations
 from resource_lease.db.rwlock_operations import grant_read, grant_write, reader_ops
 from resource_lease.exceptions import LeaseLost, LockHeld
-from resource_lease.lease import Lease, OnLost, attempt_grant, granted
+from resource_lease.lease import Lease, OnLost, attempt_grant, granted, making
 from resource_lease.line import Line, Wait, waiters
 from resource_lease.line.aio import Acquiring
 from resource_lease.models import Resource
@@ -131,8 +131,7 @@ class RwLock:
         def attempt(turn: Turn = NEWCOMER) -> Lease | None:
             turn = turn.with_delay(call.lock_delay)
             statement = grant(kind, name, holder=call.holder, ttl=call.ttl, turn=turn)
-            if not turn.claim:
-                named.ensure(call.using, kind, [name])
+            named.ensure(call.using, kind, [name])
             lease = attempt_grant(
                 kind,
                 ttl=call.ttl,
@@ -143,8 +142,6 @@ class RwLock:
                 turn=turn,
                 lease_class=lease_class,
             )
-            if turn.claim:
-                return lease  # a write grant a release handed to our place, or none
             if lease is None and name not in named.read(call.using, kind, [name]).rows:
                 named.forget(call.using, kind, name)  # deleted by an operator: made again
             return lease
@@ -173,7 +170,9 @@ class RwLock:
             # A writer's release may hand the row to a writer first in line, in its own
             # statement (PostgreSQL's RELEASE: a write grant, readers 0, as lock()'s); a reader
             # is woken instead and joins the read period by its own grant.
-            handoff=not shared and not call.lock_delay,
+            make=None
+            if shared or call.lock_delay
+            else making(holder=call.holder, ttl=call.ttl, alias=call.using, on_lost=call.on_lost),
         )
 
     def _refusal(self, call: LockCall, *, shared: bool) -> LockHeld | None:

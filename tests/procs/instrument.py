@@ -84,9 +84,9 @@ def setup() -> None:
     if os.environ.get("FAULTS_NO_SETTLE"):
         _never_settle()
     if os.environ.get("FAULTS_READ_HANDED"):
-        import resource_lease.lease
+        import resource_lease.line.handoff
 
-        resource_lease.lease.HANDED_UNREAD_MIN = float("inf")
+        resource_lease.line.handoff.HANDED_UNREAD_MIN = float("inf")
     if os.environ.get("FAULTS_NO_LEAVE_RETRY"):
         import resource_lease.line.leaving
 
