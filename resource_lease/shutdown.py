@@ -36,9 +36,8 @@ from types import FrameType
 from typing import Any
 
 from resource_lease import lease as leases
-from resource_lease import leaving
 from resource_lease.keeper import keeper
-from resource_lease.line import Place
+from resource_lease.line import Place, leaving
 from resource_lease.validation import check_seconds
 
 logger = logging.getLogger("resource_lease")

@@ -25,11 +25,11 @@ from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseDatabaseError
 from resource_lease.forking import at_fork
 from resource_lease.keeper import keeper
-from resource_lease.line_stats import stats
-from resource_lease.wakeups import after_release, board
+from resource_lease.line.counters import stats
+from resource_lease.line.wakeups import after_release, board
 
 if TYPE_CHECKING:
-    from resource_lease.line import Place
+    from resource_lease.line.places import Place
 
 logger = logging.getLogger("resource_lease")
 
