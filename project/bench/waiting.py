@@ -150,6 +150,8 @@ def summarise(case: Case, results: list[dict[str, Any]], duration: float, start:
         # Statements the engine's waiters sent while waiting (grant attempts, looks, places,
         # renewals), per second of waiting of one waiter.
         "statements_per_waiter_s": statements / waited if waited and name in ("engine", "before") else None,
+        # The waiting processes' CPU (every thread) per grant: a waited cycle's client cost.
+        "client_cpu_ms_per_grant": 1000 * sum(r.get("cpu", 0.0) for r in results) / total if total else None,
         "line": line,
         "grants_per_process": sorted(grants),
     }
@@ -226,7 +228,15 @@ def _mean(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if len(runs) == 1:
         return runs[0]
     merged = dict(runs[-1])
-    for key in ("utilisation", "jain", "gap_p50_ms", "gap_p99_ms", "statements_per_waiter_s", "worst_x_fair"):
+    for key in (
+        "utilisation",
+        "jain",
+        "gap_p50_ms",
+        "gap_p99_ms",
+        "statements_per_waiter_s",
+        "worst_x_fair",
+        "client_cpu_ms_per_grant",
+    ):
         values = [run[key] for run in runs if run.get(key) is not None]
         merged[key] = sum(values) / len(values) if values else None
     merged["worst_wait_s"] = max(run["worst_wait_s"] for run in runs)
