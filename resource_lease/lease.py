@@ -24,6 +24,7 @@ from resource_lease.db.connections import refuse_on_event_loop
 from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.db.operations import Grant, Operations, ops
 from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost, NoResourceAvailable
+from resource_lease.forking import at_fork
 from resource_lease.keeper import dispatch, keeper
 from resource_lease.line.aio import awaits
 from resource_lease.line.threads import runs
@@ -115,12 +116,13 @@ def give_back_granted() -> int:
 
 
 def _after_fork_in_child() -> None:
+    """The parent's grants are not the child's to give back (``give_back_granted``)."""
     global _granted, _granted_lock
     _granted = {}
     _granted_lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork(after_in_child=_after_fork_in_child)
 
 
 def process_identity() -> str:
