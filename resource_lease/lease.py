@@ -24,10 +24,11 @@ from resource_lease.db.connections import refuse_on_event_loop
 from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.db.operations import Grant, Operations, ops
 from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost, NoResourceAvailable
+from resource_lease.forking import at_fork
 from resource_lease.keeper import dispatch, keeper
 from resource_lease.line.aio import awaits
 from resource_lease.line.threads import runs
-from resource_lease.line.wakeups import after_release
+from resource_lease.line.wakeups import release as release_row
 from resource_lease.models import Resource
 from resource_lease.offload import in_thread
 from resource_lease.validation import (
@@ -73,9 +74,7 @@ class _Grant:
             return lease.release()
         if self.until is not None and self.until <= time.monotonic():
             return False  # expired by itself meanwhile
-        released, handed_to = ops(self.using).release_to_line(**self.key)
-        after_release(self.using, self.kind, self.name, self.key["pk"], released=released, handed_to=handed_to)
-        return released
+        return release_row(ops(self.using), self.using, self.kind, self.name, **self.key)
 
 
 # The grants this process may still hold, by (alias, row, fence) (``give_back_granted``:
@@ -117,12 +116,13 @@ def give_back_granted() -> int:
 
 
 def _after_fork_in_child() -> None:
+    """The parent's grants are not the child's to give back (``give_back_granted``)."""
     global _granted, _granted_lock
     _granted = {}
     _granted_lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork(after_in_child=_after_fork_in_child)
 
 
 def process_identity() -> str:
@@ -302,10 +302,7 @@ class Lease:
         _untrack(self)
         # An answer lost with the connection is settled by the operation (run again, else
         # read back whether the first one released it: docs/pitfalls.md#unknown-outcome).
-        released, handed_to = self._ops().release_to_line(**self._key())
-        after_release(
-            self.using, self.kind, self.resource.name, self.resource.pk, released=released, handed_to=handed_to
-        )
+        released = release_row(self._ops(), self.using, self.kind, self.resource.name, **self._key())
         signals.lease_released.send(sender=Resource, lease=self, released=released)
         return released
 

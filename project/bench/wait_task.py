@@ -195,6 +195,9 @@ class WaitTask(Task):
         waiting_statements = 0
         _sleep_until(start)
         stats0 = _line_stats()
+        # This process's CPU in the window, every thread's (the keeper's renewals, the LISTEN
+        # thread's wake-ups): what its waits and grants cost the client (holding sleeps).
+        cpu0 = time.process_time()
         while True:
             asked = time.monotonic()
             if asked >= stop:
@@ -214,6 +217,7 @@ class WaitTask(Task):
                 break
         stats1 = _line_stats()
         return {
+            "cpu": time.process_time() - cpu0,
             "acquisitions": acquisitions,
             "pending": pending,
             "waiting_statements": waiting_statements,

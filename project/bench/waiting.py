@@ -150,6 +150,8 @@ def summarise(case: Case, results: list[dict[str, Any]], duration: float, start:
         # Statements the engine's waiters sent while waiting (grant attempts, looks, places,
         # renewals), per second of waiting of one waiter.
         "statements_per_waiter_s": statements / waited if waited and name in ("engine", "before") else None,
+        # The waiting processes' CPU (every thread) per grant: a waited cycle's client cost.
+        "client_cpu_ms_per_grant": 1000 * sum(r.get("cpu", 0.0) for r in results) / total if total else None,
         "line": line,
         "grants_per_process": sorted(grants),
     }
@@ -168,7 +170,6 @@ def waiting(ctx: Any) -> dict[str, Any]:
     zk = zookeeper(ctx.say) if plan.peers else None
     redis_url = ctx.redis_url if plan.peers else None
     names = contenders(before=plan.before is not None, zookeeper_up=zk is not None, redis_url=redis_url)
-    before_workers = None
     points = []
     try:
         for case in cases.values():
@@ -195,11 +196,7 @@ def waiting(ctx: Any) -> dict[str, Any]:
                     if case.what == "pool" and name in ("redis-lock", "redis-py"):
                         continue  # they have no semaphore
                     ctx.settle()
-                    pool = ctx.workers
-                    if name == "before":
-                        if before_workers is None:
-                            before_workers = Workers(ctx.target.url, ctx.workers.log_path, engine_path=str(plan.before))
-                        pool = before_workers
+                    pool = ctx.before_pool() if name == "before" else ctx.workers
                     figures = measure(
                         case=case,
                         contender=name,
@@ -215,8 +212,7 @@ def waiting(ctx: Any) -> dict[str, Any]:
                     )
             points.append({"case": case.__dict__, "results": {n: _mean(runs) for n, runs in results.items()}})
     finally:
-        if before_workers is not None:
-            before_workers.close()
+        ctx.close_before()
     return {
         "window_s": plan.waiting_duration,
         "rounds": plan.waiting_rounds,
@@ -232,7 +228,15 @@ def _mean(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if len(runs) == 1:
         return runs[0]
     merged = dict(runs[-1])
-    for key in ("utilisation", "jain", "gap_p50_ms", "gap_p99_ms", "statements_per_waiter_s", "worst_x_fair"):
+    for key in (
+        "utilisation",
+        "jain",
+        "gap_p50_ms",
+        "gap_p99_ms",
+        "statements_per_waiter_s",
+        "worst_x_fair",
+        "client_cpu_ms_per_grant",
+    ):
         values = [run[key] for run in runs if run.get(key) is not None]
         merged[key] = sum(values) / len(values) if values else None
     merged["worst_wait_s"] = max(run["worst_wait_s"] for run in runs)

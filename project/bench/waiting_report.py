@@ -31,6 +31,7 @@ HEADER = [
     "gap p99 ms",
     "grants",
     "stmts/waiter/s",
+    "client cpu ms/grant",
 ]
 
 
@@ -62,6 +63,7 @@ def summary(doc: dict[str, Any]) -> list[str]:
                         _f(r["gap_p99_ms"], 2),
                         _f(r["grants"]),
                         _f(r["statements_per_waiter_s"], 1),
+                        _f(r.get("client_cpu_ms_per_grant"), 2),
                     ]
                 )
     return _table(HEADER, rows)

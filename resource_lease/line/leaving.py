@@ -53,6 +53,15 @@ def leave(place: Place, *, gone: bool = False) -> bool | None:
         return None
 
 
+def leave_at_exit(place: Place) -> bool:
+    """Leave the line as the process gives back what it holds; a grant a release handed to
+    the place meanwhile is given back too. Whether the place was there to delete."""
+    there = leave(place)
+    if place.token and not there and give_back_handed(place) is None:
+        logger.warning("%r: a grant handed to it may stay held until its ttl", place)
+    return bool(there)
+
+
 def give_back_handed(place: Place, *, retrying: bool = False) -> bool | None:
     """Give back a grant a release handed to ``place`` that its waiter will not take (it
     gave up, or was served by its own grant meanwhile): released as any grant is, so the
