@@ -104,7 +104,8 @@ def wait_writable(ports: list[int], others: list[int], user: str, dbname: str) -
                 return ports.index(int(db.info.port)) + 1
         except psycopg.Error:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"no new primary {DEADLINE:.0f}s after the fault") from None
+                status = patroni("status", timeout=60).stdout
+                raise RuntimeError(f"no new primary {DEADLINE:.0f}s after the fault:\n{status}") from None
             time.sleep(0.3)
 
 
