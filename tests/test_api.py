@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from io import StringIO
 from typing import Any
 
 import pytest
@@ -184,3 +185,28 @@ def test_lease_token_command(transactional_db: None, capsys: pytest.CaptureFixtu
         call_command("lease_token", "create", "bad name!")
     with pytest.raises(CommandError, match="no active token"):
         call_command("lease_token", "revoke", "ci")
+
+
+def test_admin_makes_shows_and_revokes_tokens_and_marks_http_leases(
+    api: Callable[..., Api], admin_client: Client
+) -> None:
+    made = admin_client.post("/admin/resource_lease/apitoken/add/", {"name": "ops", "kinds": "gpu"}, follow=True)
+    assert made.status_code == 200
+    shown = [str(m) for m in made.context["messages"]]
+    (text,) = [word for m in shown for word in m.split() if word.startswith("rl_")]
+    token = ApiToken.objects.get(name="ops")
+    assert token.digest != text and text not in token.digest
+    lease = Api(text).post("leases", {"kind": "gpu"}).json()  # the shown text works
+    listing = admin_client.get("/admin/resource_lease/apitoken/").content.decode()
+    assert "ops" in listing and token.prefix in listing and text not in listing
+    assert "over HTTP, token ops" in admin_client.get("/admin/resource_lease/resource/").content.decode()
+    out = StringIO()
+    call_command("inspect_pool", "--json", stdout=out)
+    (row,) = [r for r in json.loads(out.getvalue())["resources"] if r["name"] == lease["name"]]
+    assert row["over_http"] is True
+    admin_client.post(
+        "/admin/resource_lease/apitoken/", {"action": "revoke", "_selected_action": [token.pk]}, follow=True
+    )
+    assert ApiToken.objects.get(name="ops").revoked
+    assert Api(text).get("pools").status_code == 401
+    assert admin_client.get(f"/admin/resource_lease/apitoken/{token.pk}/delete/").status_code == 403

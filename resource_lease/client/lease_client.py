@@ -289,7 +289,8 @@ def _run(client: LeaseClient, args: argparse.Namespace) -> int:
         RESOURCE_LEASE_DATA=json.dumps(lease["data"]),
     )
     keeper = Keeper(client, lease, args.renew_every or float(lease["ttl"]) / 3, sent_at)
-    keeper.start()
+    if args.renew_every != 0:  # 0: no renewal at all (the tests' negative control)
+        keeper.start()
     forwarded: list[int] = []
     child = subprocess.Popen(command, env=env)  # noqa: S603 - the user's own command
 

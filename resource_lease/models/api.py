@@ -130,3 +130,8 @@ def http_holder(token_name: str, label: str | None, nonce: str) -> str:
 def is_http_holder(holder: str) -> bool:
     """Whether a row's holder is a lease taken over HTTP (the admin, ``inspect_pool``)."""
     return holder.startswith(HTTP_HOLDER_PREFIX)
+
+
+def http_token_name(holder: str) -> str:
+    """The name of the token that took a lease over HTTP (its holder's second part)."""
+    return holder[len(HTTP_HOLDER_PREFIX) :].split(":", 1)[0]
