@@ -86,11 +86,19 @@ def test_none_in_time_is_423_with_retry_after_and_no_kind_is_404(api: Callable[.
     assert missing.status_code == 404 and missing.json()["field"] == "kind"
 
 
+def _failures(reason: str) -> float:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    value = prometheus_client.REGISTRY.get_sample_value("resource_lease_api_auth_failures_total", {"reason": reason})
+    return value or 0.0
+
+
 def test_tokens_401_and_403(api: Callable[..., Api]) -> None:
     alice, bob, cpu_only = api("alice"), api("bob"), api("cpu-only", kinds="cpu")
+    unknown, missing = _failures("unknown"), _failures("missing")
     assert Api(None).post("leases", {"kind": "gpu"}).status_code == 401
     assert Api("rl_not-a-token").post("leases", {"kind": "gpu"}).status_code == 401
     assert Api(None).get("pools")["WWW-Authenticate"].startswith("Bearer")
+    assert (_failures("unknown"), _failures("missing")) == (unknown + 1, missing + 2)
     refused = cpu_only.post("leases", {"kind": "gpu"})
     assert refused.status_code == 403 and refused.json()["field"] == "kind"
     assert cpu_only.get("pools").json() == {"pools": []}

@@ -62,19 +62,29 @@ def test_renew_through_one_server_release_through_the_other(servers: Any, token:
     assert LeaseClient(c.url, token).renew(again["id"])["fence"] == again["fence"]
 
 
-def test_a_long_poll_is_granted_at_release_in_line_with_python_callers(servers: Any, token: str) -> None:
+def test_a_long_poll_is_served_in_line_with_python_callers(servers: Any, token: str) -> None:
+    """The HTTP waiter came first: the release goes to it, not to the Python waiter behind it,
+    and its release goes to the Python waiter (one line, first come, first served)."""
     (a,) = servers(1)
     held = [acquire("gpu", ttl=30), acquire("gpu", ttl=30)]
     answer: dict[str, Any] = {}
-    waiting = threading.Thread(target=lambda: answer.update(LeaseClient(a.url, token).acquire("gpu", ttl=10, wait=60)))
-    waiting.start()
+    http_waiter = threading.Thread(
+        target=lambda: answer.update(LeaseClient(a.url, token).acquire("gpu", ttl=10, wait=60))
+    )
+    http_waiter.start()
     until(lambda: live_waiters() == 1, 30, "the long poll took a place in line")
+    python_got: list[Any] = []
+    python_waiter = threading.Thread(target=lambda: python_got.append(acquire("gpu", ttl=10, timeout=60)))
+    python_waiter.start()
+    until(lambda: live_waiters() == 2, 30, "a Python waiter behind it")
     held[0].release()
-    waiting.join(60)
+    http_waiter.join(60)
     assert answer["name"] == held[0].resource.name and answer["fence"] > held[0].fence
-    # The HTTP holder is served before a Python newcomer, and a Python waiter after it.
-    with pytest.raises(Exception, match="no resource"):
-        acquire("gpu", ttl=5, timeout=0)
+    assert not python_got  # still waiting: the HTTP waiter was ahead
+    assert LeaseClient(a.url, token).release(answer["id"])
+    python_waiter.join(60)
+    assert python_got[0].resource.name == held[0].resource.name and python_got[0].fence > answer["fence"]
+    python_got[0].release()
     held[1].release()
 
 
