@@ -164,6 +164,34 @@ def test_a_server_killed_while_clients_wait_grants_nothing_twice(servers: Any, t
         assert Resource.objects.live().filter(holder=key.holder).count() <= 1
 
 
+def test_a_retry_while_the_first_attempt_waits_gets_the_same_lease(servers: Any, token: str) -> None:
+    """Two requests with one idempotency key, through two servers: the second takes no place
+    in line, waits for the first, and answers its lease."""
+    a, b = servers(2)
+    held = [acquire("gpu", ttl=60), acquire("gpu", ttl=60)]
+    answers: dict[str, Any] = {}
+
+    def ask(name: str, url: str) -> None:
+        answers[name] = LeaseClient(url, token).acquire("gpu", ttl=10, wait=30, idempotency_key="once")
+
+    first = threading.Thread(target=ask, args=("first", a.url))
+    first.start()
+    until(lambda: live_waiters() == 1, 30, "the first attempt in line")
+    second = threading.Thread(target=ask, args=("second", b.url))
+    second.start()
+    time.sleep(0.5)  # the second asks meanwhile; it must not take a place of its own
+    assert live_waiters() == 1
+    held[0].release()
+    first.join(60)
+    second.join(60)
+    assert (answers["first"]["name"], answers["first"]["fence"]) == (
+        answers["second"]["name"],
+        answers["second"]["fence"],
+    )
+    assert Resource.objects.live().filter(kind="gpu").count() == 2  # held[1] and the one lease
+    held[1].release()
+
+
 @pytest.mark.parametrize("renewing", [False, True], ids=["stops-renewing", "renewing-control"])
 def test_a_client_that_stops_renewing_gets_410_and_the_next_holder_a_higher_fence(
     servers: Any, token: str, renewing: bool
