@@ -81,3 +81,8 @@ def servers(transactional_db: None) -> Iterator[Callable[[int], list[Server]]]:
     yield start
     for server in started:
         server.stop()
+    # The flush after the test needs this process's connection: a test that waited long on
+    # other processes may find it dropped by the server (wait_timeout, a restart).
+    from django.db import connection
+
+    connection.close_if_unusable_or_obsolete()

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from project.bench.liveness import _env
 from project.bench.stats import percentile
 from project.bench.targets import seed
-from project.bench.workers import BASE_DIR
+from project.bench.workers import BASE_DIR, WorkerError
 
 if TYPE_CHECKING:
     from project.bench.scenarios import Context
@@ -63,7 +63,7 @@ def _server(db_url: str) -> tuple[subprocess.Popen[bytes], str]:
     while not _answers(api + "openapi.json"):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            raise RuntimeError("the uvicorn server of the http scenario did not start")
+            raise WorkerError("the uvicorn server of the http scenario did not start")
         time.sleep(0.1)
     return proc, api
 
@@ -89,13 +89,13 @@ def _drivers(mode: str, clients: int, *, env: dict[str, str], duration: float, *
             assert proc.stderr is not None
             line = proc.stderr.readline()
             if b"ready" not in line:
-                raise RuntimeError(f"a {mode} driver failed to start: {line[:300]!r}")
+                raise WorkerError(f"a {mode} driver failed to start: {line[:300]!r}")
         go.touch()
         results = []
         for proc in procs:
             out, err = proc.communicate(timeout=duration + 120)
             if proc.returncode:
-                raise RuntimeError(f"a {mode} driver failed: {err[-300:]!r}")
+                raise WorkerError(f"a {mode} driver failed: {err[-300:]!r}")
             results.append(json.loads(out.splitlines()[-1]))
     cycles = sum(r.get("cycles", 0) for r in results)
     return {

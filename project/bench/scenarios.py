@@ -104,8 +104,8 @@ SMOKE = Plan(
     liveness_processes=(2,),
     liveness_grants=6,
     liveness_rows=("lock", "rwlock-write", "alock"),
-    http_clients=(2,),
-    http_duration=0.5,
+    http_clients=(1,),
+    http_duration=0.3,
     http_rounds=2,
 )
 
