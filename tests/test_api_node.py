@@ -49,7 +49,8 @@ def _race(servers: Any, make_pool: Callable[..., Any], tmp_path: Path, *, node_l
     counter.write_text("0")
     ledger.write_text("")
     assert NODE is not None
-    env = {"RESOURCE_LEASE_TOKEN": token, "PATH": "/usr/bin:/bin"}
+    go = tmp_path / "go"
+    env = {"RESOURCE_LEASE_TOKEN": token, "PATH": "/usr/bin:/bin", "RACE_GO": str(go)}
     nodes = [
         subprocess.Popen(
             [NODE, RACE, (a, b)[i].url, "gpu", str(CYCLES), str(counter), str(ledger), f"node{i}"]
@@ -62,6 +63,11 @@ def _race(servers: Any, make_pool: Callable[..., Any], tmp_path: Path, *, node_l
         threading.Thread(target=_python_holder, args=((b, a)[i].url, token, counter, ledger, f"python{i}"))
         for i in range(2)
     ]
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"go.node{i}").exists() for i in range(2)):  # both Node holders started
+        assert time.monotonic() < deadline and all(proc.poll() is None for proc in nodes), "Node did not start"
+        time.sleep(0.01)
+    go.touch()  # all four start at once
     for thread in pythons:
         thread.start()
     for proc in nodes:

@@ -16,6 +16,13 @@ async function critical(lease) {
   fs.appendFileSync(ledger, `${lease.name} ${lease.fence} ${who}\n`);
 }
 
+// RACE_GO: start together with the other holders, once that file exists (the test makes it
+// when every holder has written RACE_GO.<who>).
+if (process.env.RACE_GO) {
+  fs.writeFileSync(`${process.env.RACE_GO}.${who}`, "");
+  while (!fs.existsSync(process.env.RACE_GO)) await sleep(2);
+}
+
 for (let i = 0; i < Number(cycles); i++) {
   if (flag === "--no-lease") {
     await critical({ name: "none", fence: 0 });
