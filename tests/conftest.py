@@ -21,8 +21,8 @@ from resource_lease.db.connections import close_connections, close_every_connect
 from resource_lease.db.listen import hub
 from resource_lease.holder import ResourceHolder
 from resource_lease.line import forget_lines
+from resource_lease.line.wakeups import forget_subscriptions
 from resource_lease.models import Resource
-from resource_lease.wakeups import forget_subscriptions
 from tests import sharding
 from tests.api_servers import servers  # noqa: F401 - the HTTP API's uvicorn servers
 from tests.holder_helpers import Holder

@@ -24,7 +24,7 @@ from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F,
 
 from resource_lease.api.bodies import AcquireBody
 from resource_lease.api.errors import ApiError, bad_request
-from resource_lease.db import DbNow
+from resource_lease.db.clock import DbNow
 from resource_lease.models import Resource
 from resource_lease.models.api import ApiToken, IdempotencyKey, http_holder
 from resource_lease.models.resource import NEVER

@@ -14,9 +14,9 @@ from django.db.models import Q
 from django.http import HttpRequest
 from django.utils import timezone
 
-from resource_lease.aio import in_thread
 from resource_lease.api.errors import ApiError
 from resource_lease.models.api import ApiToken, parse_kinds, token_digest
+from resource_lease.offload import in_thread
 
 logger = logging.getLogger("resource_lease")
 

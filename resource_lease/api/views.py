@@ -19,20 +19,20 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from resource_lease import pool
-from resource_lease.aio import aacquire, in_thread
 from resource_lease.api import bodies, keys
 from resource_lease.api.errors import ApiError
 from resource_lease.api.ids import LeaseRef
 from resource_lease.api.openapi import document
 from resource_lease.api.tokens import allow_kind, authenticate, orm
 from resource_lease.conf import lease_settings
-from resource_lease.db import DbNow
+from resource_lease.db.clock import DbNow
 from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseDatabaseError, NoResourceAvailable
-from resource_lease.lease import Lease, hand_over
+from resource_lease.lease import Lease, aacquire, hand_over
+from resource_lease.line.wakeups import after_release
 from resource_lease.models import COORDINATION_PREFIX, Resource, Waiter
 from resource_lease.models.api import ApiToken, http_holder
-from resource_lease.wakeups import after_release
+from resource_lease.offload import in_thread
 
 logger = logging.getLogger("resource_lease")
 
