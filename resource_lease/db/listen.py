@@ -13,7 +13,7 @@ A subscriber is woken once per batch of notifications of its channel (``wake()``
 ``payload=True``, once per notification with its payload (``wake(payload)``, and
 ``wake(None)`` when notifications may have been missed: the connection came back after a
 failure). The line of waiters uses payloads: one channel for every line, the payload naming
-the line a release freed a row of (``resource_lease.wakeups``).
+the line a release freed a row of (``resource_lease.line.wakeups``).
 
 The thread's database calls (connect, LISTEN, reading notifications, close) run inside the
 fork gate, its wait on the sockets does not: a fork waits for the calls, never for the wait

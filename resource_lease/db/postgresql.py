@@ -145,7 +145,7 @@ HANDED = "h.next_ttl > 0"
 # expiry counts from clock_timestamp(), read while the statement runs, so after its snapshot,
 # which saw the waiter's place: after that place's ENTER_LINE committed, so after its waiter
 # sent it. A grant handed to a place lasts at least grant_ttl from when its waiter sent
-# ENTER_LINE: the waiter's local deadline may count from then (``lease.attempt_grant``). Else
+# ENTER_LINE: the waiter's local deadline may count from then (``line.handoff.claim``). Else
 # the row is freed and the waiters whose turn it may be are told (TELL_TURNS), delivered when
 # the release commits, only while the row is marked (a waiter may be in line: MARK_LINE;
 # NOTIFY takes a lock at commit that every notifying transaction shares, so a release nobody
