@@ -29,7 +29,7 @@ from resource_lease.db.clock import DbNow
 from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseDatabaseError, NoResourceAvailable
 from resource_lease.lease import Lease, aacquire, hand_over
-from resource_lease.line.wakeups import after_release
+from resource_lease.line.wakeups import release as release_row
 from resource_lease.models import COORDINATION_PREFIX, Resource, Waiter
 from resource_lease.models.api import ApiToken, http_holder
 from resource_lease.offload import in_thread
@@ -201,10 +201,9 @@ async def _replay(claim: keys.Claim, token: ApiToken, body: bodies.AcquireBody) 
 
 
 def _give_back(pk: int, holder: str, fence: int, kind: str) -> bool:
-    released, handed_to = ops(_alias()).release_to_line(pk=pk, holder=holder, fence=fence)
-    row = Resource.objects.using(_alias()).filter(pk=pk).values_list("name", flat=True).first()
-    after_release(_alias(), kind, row or "", pk, released=released, handed_to=handed_to)
-    return released
+    alias = _alias()
+    name = Resource.objects.using(alias).filter(pk=pk).values_list("name", flat=True).first()
+    return release_row(ops(alias), alias, kind, name or "", pk=pk, holder=holder, fence=fence)
 
 
 async def _owned(request: HttpRequest, lease_id: str) -> tuple[ApiToken, LeaseRef]:
