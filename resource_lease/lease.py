@@ -97,6 +97,14 @@ def _untrack(lease: Lease) -> None:
         _granted.pop((lease.using, lease.resource.pk, lease.fence), None)
 
 
+def hand_over(lease: Lease) -> None:
+    """The lease now belongs to a holder outside this process (an HTTP client, which renews
+    and releases it through any server process): this process no longer gives it back on
+    SIGTERM nor at exit, and never renews it (docs/http.md)."""
+    renewal.renewer().discard(lease)
+    _untrack(lease)
+
+
 def give_back_granted() -> int:
     """Release every grant this process may still hold (``Lease.release``, or the row itself
     for a lease the program dropped unreleased); how many were still held. A failure is

@@ -24,6 +24,7 @@ from resource_lease.line import forget_lines
 from resource_lease.line.wakeups import forget_subscriptions
 from resource_lease.models import Resource
 from tests import sharding
+from tests.api_servers import servers  # noqa: F401 - the HTTP API's uvicorn servers
 from tests.holder_helpers import Holder
 
 REPO = Path(__file__).resolve().parent.parent

@@ -181,6 +181,10 @@ def summary_lines(doc: Doc) -> list[str]:
         from project.bench import liveness
 
         lines += liveness.summary(doc)
+    elif scenario == "http":
+        from project.bench import http_bench
+
+        lines += http_bench.summary(doc)
     elif scenario == "crash":
         header = [
             "database",
@@ -453,4 +457,8 @@ def plot(doc: Doc, out: Path) -> Path:
         from project.bench import liveness
 
         return liveness.plot(doc, out / "liveness.png")
+    if doc["scenario"] == "http":
+        from project.bench import http_bench
+
+        return http_bench.plot(doc, out / "http.png")
     return PLOTS[doc["scenario"]](doc, out / f"{doc['scenario']}.png")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from project.bench import vendor
+from project.bench.http_bench import http
 from project.bench.liveness import liveness
 from project.bench.stats import cdf_sample, jain, latency_summary, percentile
 from project.bench.targets import KIND_PREFIX, Target, kind_for, seed
@@ -69,6 +70,10 @@ class Plan:
     liveness_grants: int = 64
     liveness_hold: float = 0.005
     liveness_rows: tuple[str, ...] | None = None
+    #: The http scenario: client counts, seconds per window, hand-off rounds.
+    http_clients: tuple[int, ...] = (8, 64)
+    http_duration: float = 3.0
+    http_rounds: int = 30
 
     def adjusted(self, **changes: Any) -> Plan:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
@@ -99,6 +104,9 @@ SMOKE = Plan(
     liveness_processes=(2,),
     liveness_grants=6,
     liveness_rows=("lock", "rwlock-write", "alock"),
+    http_clients=(1,),
+    http_duration=0.3,
+    http_rounds=2,
 )
 
 
@@ -468,4 +476,5 @@ SCENARIOS: dict[str, tuple[Callable[[Context], dict[str, Any]], str]] = {
     "renewal": (renewal_load, "Renewal load: held leases renewed every ttl/3"),
     "waiting": (waiting, "Waiting: served in line, against ZooKeeper and Redis locks"),
     "liveness": (liveness, "Liveness: every primitive that waits, woken at release (grants/s, release-to-grant gap)"),
+    "http": (http, "Lease over HTTP: cycles/s against Python callers and etcd's lock, and the long-poll hand-off gap"),
 }

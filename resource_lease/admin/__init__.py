@@ -14,6 +14,7 @@
 - ``notify``: notification topics and shared counters (read-only) and live configuration
   (editable, validated).
 - ``line``: who waits in line for what (read-only).
+- ``tokens``: the HTTP API's tokens (made here, shown once, revoked; last use).
 """
 
 from resource_lease.admin.dispenser import DispenserItemAdmin
@@ -23,8 +24,10 @@ from resource_lease.admin.locks import ElectionAdmin, LeadershipTermAdmin, LockA
 from resource_lease.admin.notify import ConfigEntryAdmin, CounterAdmin, TopicAdmin
 from resource_lease.admin.overview import LeaseEventAdmin, PoolOverviewAdmin
 from resource_lease.admin.resources import ResourceAdmin
+from resource_lease.admin.tokens import ApiTokenAdmin
 
 __all__ = [
+    "ApiTokenAdmin",
     "BarrierOverviewAdmin",
     "ConfigEntryAdmin",
     "CounterAdmin",

@@ -41,6 +41,7 @@ from resource_lease.display import (
     with_display_state,
 )
 from resource_lease.models import LeaseEvent, Resource, ResourceQuerySet
+from resource_lease.models.api import http_token_name, is_http_holder
 from resource_lease.pool import database_now
 from resource_lease.proxy_urls import MASK
 from resource_lease.seeding import data_problem, name_problem
@@ -244,6 +245,12 @@ class ResourceAdmin(AppAdmin):
     @admin.display(description="holder", ordering="holder")
     def holder_display(self, obj: Resource) -> str:
         holder = current_holder(obj)
+        if holder and is_http_holder(holder):
+            return format_html(
+                '{}<br><small title="taken through the HTTP API">over HTTP, token {}</small>',
+                holder,
+                http_token_name(holder),
+            )
         if holder and obj.took_over and obj.previous_holder:
             return format_html(
                 '{}<br><small title="its previous lease expired unreleased">took over from {}</small>',

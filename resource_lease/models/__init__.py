@@ -7,12 +7,14 @@
 ``counters``   ``Counter``
 ``elections``  ``LeadershipTerm``, the log of an election's terms
 ``line``       ``Waiter``, a caller's place in the line of waiters
+``api``        ``ApiToken``, ``IdempotencyKey``: the HTTP API's (docs/http.md)
 ``proxies``    the admin's proxies of ``Resource``: ``PoolOverview``, ``LockRow``,
                ``SemaphoreSlot``, ``RwLockRow``, ``ElectionRow``, ``GroupMember``, ``BarrierOverview``
 """
 
 from __future__ import annotations
 
+from resource_lease.models.api import ApiToken, IdempotencyKey
 from resource_lease.models.counters import Counter
 from resource_lease.models.dispenser import DispenserItem
 from resource_lease.models.elections import LeadershipTerm
@@ -56,12 +58,14 @@ __all__ = [
     "NEVER",
     "QUARANTINED",
     "STATES",
+    "ApiToken",
     "BarrierOverview",
     "ConfigEntry",
     "Counter",
     "DispenserItem",
     "ElectionRow",
     "GroupMember",
+    "IdempotencyKey",
     "LeadershipTerm",
     "LeaseEvent",
     "LockRow",

@@ -159,7 +159,7 @@ def locking(
             return _in_line(Line(call.using, LOCK_KIND, name), f"lock {name!r}", name=name, timeout=call.timeout)
         return _held(f"lock {name!r} is held", name=name, kind=LOCK_KIND, row=row, timeout=call.timeout)
 
-    return _wait(Line(call.using, LOCK_KIND, name), attempt, refusal, call=call, what=f"lock {name!r}", name=name)
+    return lock_wait(Line(call.using, LOCK_KIND, name), attempt, refusal, call=call, what=f"lock {name!r}", name=name)
 
 
 lock = runs(locking, "lock")
@@ -249,7 +249,7 @@ def semaphoring(
             timeout=call.timeout,
         )
 
-    return _wait(Line(call.using, kind), attempt, refusal, call=call, what=f"semaphore {name!r}", name=name)
+    return lock_wait(Line(call.using, kind), attempt, refusal, call=call, what=f"semaphore {name!r}", name=name)
 
 
 semaphore = runs(semaphoring, "semaphore")
@@ -297,7 +297,7 @@ def _in_line(line: Line, what: str, *, name: str, timeout: float | None) -> Lock
     )
 
 
-def _wait(
+def lock_wait(
     line: Line,
     attempt: Callable[[Turn], Lease | None],
     refusal: Callable[[], LockHeld | None],
@@ -305,10 +305,12 @@ def _wait(
     call: LockCall,
     what: str,
     name: str,
+    shared: bool = False,
 ) -> Wait[Lease]:
     """The wait in ``line`` for a grant up to the call's timeout; past it, ``LockHeld`` naming
     who holds it. If the holder let go between the last attempt and the read that would name
-    it, try again (briefly, as a newcomer)."""
+    it, try again (briefly, as a newcomer). ``shared``: a reader of an rwlock (served with the
+    readers ahead of it; it takes no hand-off, and is woken instead)."""
 
     def conclude(lease: Lease | None) -> Lease:
         for _ in range(_RECHECKS):
@@ -330,8 +332,11 @@ def _wait(
         holder=call.holder,
         ttl=call.ttl,
         priority=call.priority,
+        shared=shared,
+        # A release may hand the row to the head of the line in its own statement (PostgreSQL's
+        # RELEASE, a plain grant: no lock delay, and for an rwlock a write grant, readers 0).
         make=None
-        if call.lock_delay
+        if shared or call.lock_delay
         else making(holder=call.holder, ttl=call.ttl, alias=call.using, on_lost=call.on_lost),
     )
 

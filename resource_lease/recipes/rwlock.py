@@ -28,11 +28,11 @@ from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.db.operations import Grant, Operations
 from resource_lease.db.rwlock_operations import grant_read, grant_write, reader_ops
 from resource_lease.exceptions import LeaseLost, LockHeld
-from resource_lease.lease import Lease, OnLost, attempt_grant, granted, making
+from resource_lease.lease import Lease, OnLost, attempt_grant
 from resource_lease.line import Line, Wait, waiters
 from resource_lease.line.aio import Acquiring
 from resource_lease.models import Resource
-from resource_lease.recipes.locks import LockCall, delayed
+from resource_lease.recipes.locks import LockCall, delayed, lock_wait
 from resource_lease.validation import check_name
 
 #: The kind of every rwlock's row.
@@ -146,33 +146,8 @@ class RwLock:
                 named.forget(call.using, kind, name)  # deleted by an operator: made again
             return lease
 
-        def conclude(lease: Lease | None) -> Lease:
-            for _ in range(_RECHECKS):
-                if lease is not None:
-                    break
-                error = self._refusal(call, shared=shared)
-                if error is not None:
-                    raise error
-                lease = attempt(NEWCOMER)
-            if lease is None:
-                raise LockHeld(f"{what}: the rwlock was taken again each time it was seen free; gave up", name=name)
-            return granted(lease, auto_renew=call.auto_renew)
-
-        return Wait(
-            line,
-            attempt,
-            conclude,
-            timeout=call.timeout,
-            holder=call.holder,
-            ttl=call.ttl,
-            priority=call.priority,
-            shared=shared,
-            # A writer's release may hand the row to a writer first in line, in its own
-            # statement (PostgreSQL's RELEASE: a write grant, readers 0, as lock()'s); a reader
-            # is woken instead and joins the read period by its own grant.
-            make=None
-            if shared or call.lock_delay
-            else making(holder=call.holder, ttl=call.ttl, alias=call.using, on_lost=call.on_lost),
+        return lock_wait(
+            line, attempt, lambda: self._refusal(call, shared=shared), call=call, what=what, name=name, shared=shared
         )
 
     def _refusal(self, call: LockCall, *, shared: bool) -> LockHeld | None:

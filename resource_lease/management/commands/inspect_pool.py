@@ -30,6 +30,7 @@ from resource_lease.management.commands._arguments import (
     where_argument,
 )
 from resource_lease.management.commands._base import LeaseCommand
+from resource_lease.models.api import http_token_name, is_http_holder
 from resource_lease.pool import QUARANTINED, STATES, counts, database_now, waiting
 from resource_lease.validation import resolve_using, where_matches
 
@@ -189,6 +190,7 @@ class Command(LeaseCommand):
                     "name": r.name,
                     "state": r.state,
                     "holder": current_holder(r) or None,
+                    "over_http": is_http_holder(current_holder(r)),
                     "fence": r.fence,
                     "expires_at": _iso(r.busy_before) if current_holder(r) else None,
                     "time_left": _seconds(r.time_left),
@@ -224,6 +226,8 @@ class Command(LeaseCommand):
                 note = "lease ran out unreleased; free to take"
             elif r.took_over and current_holder(r):
                 note = f"taken over from {r.previous_holder}"
+            elif is_http_holder(current_holder(r)):
+                note = f"leased over HTTP (token {http_token_name(current_holder(r))})"
             shown = [_text(r, key) for key in self.keys]
             cells = (
                 r.kind,

@@ -1,0 +1,220 @@
+"""The HTTP API in-process (Django's test client: the views under WSGI, each in an event loop
+of its own) on each database: the contract's answers, tokens, idempotency keys, and bad input
+that changes nothing. tests/test_api_servers.py runs the same views in uvicorn processes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.test import Client
+
+from resource_lease.api.tokens import create_token, revoke_token
+from resource_lease.db.operations import ops
+from resource_lease.models import ApiToken, IdempotencyKey, Resource
+
+API = "/lease/api/"
+
+
+class Api:
+    """A client of the API with one token."""
+
+    def __init__(self, token: str | None) -> None:
+        headers = {} if token is None else {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+        self.client = Client(**headers)
+
+    def post(self, path: str, body: Any = None, *, raw: bytes | None = None) -> Any:
+        data = raw if raw is not None else b"" if body is None else json.dumps(body).encode()
+        return self.client.post(API + path, data, content_type="application/json")
+
+    def get(self, path: str) -> Any:
+        return self.client.get(API + path)
+
+
+@pytest.fixture
+def api(make_pool: Callable[..., Any]) -> Callable[..., Api]:
+    make_pool("gpu", 2)
+    made: dict[str, int] = {}
+
+    def make(name: str = "alice", kinds: str = "") -> Api:
+        made[name] = made.get(name, 0)
+        _, text = create_token(name, kinds)
+        return Api(text)
+
+    return make
+
+
+def test_acquire_renew_read_release(api: Callable[..., Api]) -> None:
+    alice = api()
+    answer = alice.post("leases", {"kind": "gpu", "ttl": 10, "holder": "job-1"})
+    assert answer.status_code == 201
+    lease = answer.json()
+    assert set(lease) == {"id", "kind", "name", "data", "fence", "expires_at", "holder", "ttl"}
+    assert lease["kind"] == "gpu" and lease["ttl"] == 10 and lease["expires_at"].endswith("Z")
+    assert lease["holder"].startswith("http:alice:job-1:")
+    row = Resource.objects.get(kind="gpu", name=lease["name"])
+    assert (row.holder, row.fence) == (lease["holder"], lease["fence"])
+
+    renewed = alice.post(f"leases/{lease['id']}/renew", {"ttl": 20})
+    assert renewed.status_code == 200 and renewed.json()["ttl"] == 20
+    assert renewed.json()["expires_at"] > lease["expires_at"]
+    read = alice.get(f"leases/{lease['id']}")
+    assert read.status_code == 200 and read.json()["held"] is True
+
+    pools = alice.get("pools").json()["pools"]
+    assert pools == [{"kind": "gpu", "free": 1, "held": 1, "quarantined": 0, "disabled": 0, "waiting": 0}]
+
+    assert alice.post(f"leases/{lease['id']}/release").json() == {"released": True}
+    assert alice.post(f"leases/{lease['id']}/release").json() == {"released": False}
+    gone = alice.post(f"leases/{lease['id']}/renew")
+    assert gone.status_code == 410 and gone.json()["field"] == "id"
+    assert alice.get(f"leases/{lease['id']}").json()["held"] is False
+
+
+def test_none_in_time_is_423_with_retry_after_and_no_kind_is_404(api: Callable[..., Api]) -> None:
+    alice = api()
+    for _ in range(2):
+        assert alice.post("leases", {"kind": "gpu", "ttl": 30}).status_code == 201
+    locked = alice.post("leases", {"kind": "gpu", "wait": 0.2})
+    assert locked.status_code == 423
+    assert 1 <= int(locked["Retry-After"]) <= 60
+    missing = alice.post("leases", {"kind": "tpu"})
+    assert missing.status_code == 404 and missing.json()["field"] == "kind"
+
+
+def _failures(reason: str) -> float:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    value = prometheus_client.REGISTRY.get_sample_value("resource_lease_api_auth_failures_total", {"reason": reason})
+    return value or 0.0
+
+
+def test_tokens_401_and_403(api: Callable[..., Api]) -> None:
+    alice, bob, cpu_only = api("alice"), api("bob"), api("cpu-only", kinds="cpu")
+    unknown, missing = _failures("unknown"), _failures("missing")
+    assert Api(None).post("leases", {"kind": "gpu"}).status_code == 401
+    assert Api("rl_not-a-token").post("leases", {"kind": "gpu"}).status_code == 401
+    assert Api(None).get("pools")["WWW-Authenticate"].startswith("Bearer")
+    assert (_failures("unknown"), _failures("missing")) == (unknown + 1, missing + 2)
+    refused = cpu_only.post("leases", {"kind": "gpu"})
+    assert refused.status_code == 403 and refused.json()["field"] == "kind"
+    assert cpu_only.get("pools").json() == {"pools": []}
+
+    lease = alice.post("leases", {"kind": "gpu"}).json()
+    for path in (f"leases/{lease['id']}/renew", f"leases/{lease['id']}/release", f"leases/{lease['id']}/report"):
+        assert bob.post(path, {"outcome": "ok"}).status_code == 403
+    assert bob.get(f"leases/{lease['id']}").status_code == 403
+    assert Resource.objects.get(name=lease["name"]).holder == lease["holder"]  # untouched
+
+    tampered = lease["id"][:-2] + ("AA" if not lease["id"].endswith("AA") else "BB")
+    assert alice.post(f"leases/{tampered}/renew").status_code == 404
+
+    assert revoke_token("alice")
+    assert alice.post(f"leases/{lease['id']}/renew").status_code == 401
+    assert ApiToken.objects.get(name="alice").last_used_at is not None
+
+
+def test_idempotency_key_never_grants_twice(api: Callable[..., Api]) -> None:
+    alice, bob = api("alice"), api("bob")
+    first = alice.post("leases", {"kind": "gpu", "idempotency_key": "job-7"})
+    again = alice.post("leases", {"kind": "gpu", "idempotency_key": "job-7"})
+    assert first.status_code == again.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"
+    assert (again.json()["name"], again.json()["fence"]) == (first.json()["name"], first.json()["fence"])
+    assert Resource.objects.live().filter(kind="gpu").count() == 1
+    # Another token's key of the same text is another key.
+    assert bob.post("leases", {"kind": "gpu", "idempotency_key": "job-7"}).status_code == 201
+    other = alice.post("leases", {"kind": "gpu", "where": {"url": "x"}, "idempotency_key": "job-7"})
+    assert other.status_code == 400 and other.json()["field"] == "idempotency_key"
+    assert alice.post(f"leases/{first.json()['id']}/release").json() == {"released": True}
+    after = alice.post("leases", {"kind": "gpu", "idempotency_key": "job-7"})
+    assert after.status_code == 410 and after.json()["field"] == "idempotency_key"
+    assert Resource.objects.live().filter(kind="gpu").count() == 1  # bob's only
+
+
+def test_a_grant_whose_answer_was_lost_is_found_by_the_retry(api: Callable[..., Api]) -> None:
+    """A server that granted and died before answering (or recording the grant): the retry
+    with the key finds the grant by its holder and answers it."""
+    from resource_lease.api import bodies, keys
+
+    alice = api("alice")
+    token = ApiToken.objects.get(name="alice")
+    body = bodies.AcquireBody.of(json.dumps({"kind": "gpu", "idempotency_key": "lost"}).encode())
+    claim = keys.claim(token, body)
+    assert claim.state == "claimed"
+    from resource_lease.lease import acquire
+
+    lease = acquire("gpu", holder=claim.holder, ttl=30)  # granted; then the server died
+    IdempotencyKey.objects.filter(pk=claim.row).update(
+        claimed_until=Resource.objects.get(pk=lease.resource.pk).acquired_at
+    )
+    retried = alice.post("leases", {"kind": "gpu", "idempotency_key": "lost"})
+    assert retried.status_code == 201
+    assert (retried.json()["name"], retried.json()["fence"]) == (lease.resource.name, lease.fence)
+    assert Resource.objects.live().filter(kind="gpu").count() == 1
+
+
+def test_fields_of_issue_40_are_refused_as_not_supported_yet(api: Callable[..., Api]) -> None:
+    alice = api()
+    for field in ("target", "session"):
+        answer = alice.post("leases", {"kind": "gpu", field: "shop.example"})
+        assert answer.status_code == 400 and answer.json()["field"] == field
+        assert "not supported yet" in answer.json()["error"]
+    lease = alice.post("leases", {"kind": "gpu"}).json()
+    cooldown = alice.post(f"leases/{lease['id']}/release", {"cooldown": 5})
+    assert cooldown.status_code == 400 and cooldown.json()["field"] == "cooldown"
+    assert ops("default").is_held(
+        pk=Resource.objects.get(name=lease["name"]).pk, holder=lease["holder"], fence=lease["fence"]
+    )
+    assert alice.post(f"leases/{lease['id']}/report", {"outcome": "ok"}).status_code == 501
+
+
+def test_openapi_document(api: Callable[..., Api]) -> None:
+    document = Client().get(API + "openapi.json").json()
+    assert document["openapi"].startswith("3.")
+    assert {"/leases", "/leases/{id}/renew", "/leases/{id}/release", "/pools"} <= set(document["paths"])
+
+
+def test_lease_token_command(transactional_db: None, capsys: pytest.CaptureFixture[str]) -> None:
+    call_command("lease_token", "create", "ci", "--kinds", "gpu,proxy")
+    text = capsys.readouterr().out.strip()
+    token = ApiToken.objects.get(name="ci")
+    assert text.startswith("rl_") and text not in (token.digest, token.prefix) and token.kind_list() == ["gpu", "proxy"]
+    call_command("lease_token", "list", "--json")
+    assert json.loads(capsys.readouterr().out)[0]["name"] == "ci"
+    call_command("lease_token", "revoke", "ci")
+    assert ApiToken.objects.get(name="ci").revoked
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="name"):
+        call_command("lease_token", "create", "bad name!")
+    with pytest.raises(CommandError, match="no active token"):
+        call_command("lease_token", "revoke", "ci")
+
+
+def test_admin_makes_shows_and_revokes_tokens_and_marks_http_leases(
+    api: Callable[..., Api], admin_client: Client
+) -> None:
+    made = admin_client.post("/admin/resource_lease/apitoken/add/", {"name": "ops", "kinds": "gpu"}, follow=True)
+    assert made.status_code == 200
+    shown = [str(m) for m in made.context["messages"]]
+    (text,) = [word for m in shown for word in m.split() if word.startswith("rl_")]
+    token = ApiToken.objects.get(name="ops")
+    assert token.digest != text and text not in token.digest
+    lease = Api(text).post("leases", {"kind": "gpu"}).json()  # the shown text works
+    listing = admin_client.get("/admin/resource_lease/apitoken/").content.decode()
+    assert "ops" in listing and token.prefix in listing and text not in listing
+    assert "over HTTP, token ops" in admin_client.get("/admin/resource_lease/resource/").content.decode()
+    out = StringIO()
+    call_command("inspect_pool", "--json", stdout=out)
+    (row,) = [r for r in json.loads(out.getvalue())["resources"] if r["name"] == lease["name"]]
+    assert row["over_http"] is True
+    admin_client.post(
+        "/admin/resource_lease/apitoken/", {"action": "revoke", "_selected_action": [token.pk]}, follow=True
+    )
+    assert ApiToken.objects.get(name="ops").revoked
+    assert Api(text).get("pools").status_code == 401
+    assert admin_client.get(f"/admin/resource_lease/apitoken/{token.pk}/delete/").status_code == 403
