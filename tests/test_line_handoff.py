@@ -30,8 +30,8 @@ from django.db import connection
 from resource_lease import acquire, lock
 from resource_lease.db.connections import lease_connection, run_repeatable
 from resource_lease.db.postgresql import HANDED_DATA_MAX
-from resource_lease.lease import attempt_grant, making
-from resource_lease.line import Line, Waiting, leaving
+from resource_lease.lease import Lease, attempt_grant, making
+from resource_lease.line import Line, Wait, Waiting, leaving
 from resource_lease.line.wakeups import Waker
 from resource_lease.models import Resource, Waiter
 from resource_lease.recipes.locks import LOCK_KIND
@@ -51,16 +51,16 @@ def _hands_off() -> None:
 
 def _waiting(kind: str, holder: str, name: str = "") -> Waiting:
     """A waiter of this process with a place in line (no thread waits on it)."""
-    waiter = Waiting(
+    request: Wait[Lease] = Wait(
         Line("default", kind, name),
+        lambda turn: None,
+        lambda grant: grant,  # type: ignore[arg-type,return-value]
         timeout=None,
         holder=holder,
         ttl=30,
-        priority=0,
-        where=None,
-        waker=Waker(),
         make=making(holder=holder, ttl=30, alias="default"),
     )
+    waiter = Waiting(request, timeout=None, waker=Waker())
     waiter.place = waiter._enter()
     assert waiter.place is not None and waiter.place.token
     return waiter

@@ -19,7 +19,7 @@ from resource_lease.exceptions import LeaseError, LeaseLost, NoResourceAvailable
 from resource_lease.holder.config import HolderConfig
 from resource_lease.holder.steps import HolderSteps
 from resource_lease.lease import Lease, default_holder, safety_margin
-from resource_lease.line import Line, wait_in_line
+from resource_lease.line import Line, Wait, wait_in_line
 from resource_lease.line.wakeups import Waker
 from resource_lease.models import Resource
 from resource_lease.validation import check_holder
@@ -191,16 +191,17 @@ class HolderStateMachine(HolderSteps, threading.Thread, metaclass=abc.ABCMeta):
         with metrics.waiting(self._kind, using=self._using, holder=self.holder) as wait_metric:
             try:
                 # Waits in the kind's line; close() and terminate() wake it (the next attempt raises).
-                lease = wait_in_line(
+                request: Wait[Lease] = Wait(
                     Line(self._using, self._kind),
                     attempt,
+                    _as_is,  # wait_in_line never concludes: the holder does, below
                     timeout=wait,
                     holder=self.holder,
                     ttl=self._ttl,
                     priority=self._priority,
                     where=self._where_sql(),
-                    waker=self._waker,
                 )
+                lease = wait_in_line(request, self._waker)
             except AcquireCancelled:
                 wait_metric.outcome = "timeout"  # given up (closed, terminated), not an error
                 raise
@@ -303,3 +304,9 @@ def release_quietly(lease: Lease) -> None:
         lease.release()
     except LeaseError as exc:  # the lease expires by itself
         logger.warning("releasing %r failed: %s", lease, exc)
+
+
+def _as_is(lease: Lease | None) -> Lease:
+    """A Wait's ``conclude`` for the holder's wait, which it concludes itself: never called
+    (``wait_in_line`` answers the line's grant or None)."""
+    raise AssertionError(f"the holder concludes its own wait ({lease!r})")

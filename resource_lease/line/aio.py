@@ -117,17 +117,7 @@ async def arun(wait: Wait[T]) -> T:
 
 
 async def _await_once(wait: Wait[T], waker: AsyncWaker, timeout: float | None, measured: metrics.Wait) -> T | None:
-    waiting = Waiting(
-        wait.line,
-        timeout=timeout,
-        holder=wait.holder,
-        ttl=wait.ttl,
-        priority=wait.priority,
-        where=wait.where,
-        waker=waker,
-        shared=wait.shared,
-        make=wait.make,
-    )
+    waiting = Waiting(wait, timeout=timeout, waker=waker)
     steps = waiting.steps()
     try:
         try:

@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from resource_lease.conf import lease_settings
 from resource_lease.db.connections import LockWaitTimeout
@@ -83,39 +83,49 @@ class Claim:
 Step = Attempt | Call | Claim | Pause
 
 
+class Request(Protocol):
+    """What a caller asks of the line, built once by its entry point (``line.Wait``): the
+    line, who asks and for how long, its priority and ``where=`` (as the dialect encoded it),
+    whether it reads an rwlock (``shared``), and how it makes its grant of a row a release
+    hands to its place (``make``; None: its place takes no hand-off)."""
+
+    @property
+    def line(self) -> Line: ...
+    @property
+    def holder(self) -> str: ...
+    @property
+    def ttl(self) -> float: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def where(self) -> str | None: ...
+    @property
+    def shared(self) -> bool: ...
+    @property
+    def make(self) -> Make[Any] | None: ...
+
+
 class Waiting:
     """One caller's wait in a line: what to do next (``steps``), apart from how statements run
     and pauses pass, so that the same decisions serve threads (``wait_in_line``) and asyncio
-    (``resource_lease.aio``). ``cleanup()`` (a database call) must follow, however it ended."""
+    (``line.aio``). ``cleanup()`` (a database call) must follow, however it ended."""
 
-    def __init__(
-        self,
-        line: Line,
-        *,
-        timeout: float | None,
-        holder: str,
-        ttl: float,
-        priority: int,
-        where: str | None,
-        waker: Waker,
-        shared: bool = False,
-        make: Make[Any] | None = None,
-    ) -> None:
-        self.line = line
-        self.shared = shared
+    def __init__(self, request: Request, *, timeout: float | None, waker: Waker) -> None:
+        self.line = request.line
+        self.shared = request.shared
         #: How the caller makes its grant of a row a release handed to its place; None: its
         #: place takes no hand-off (``Wait.make``).
-        self.make = make
+        self.make = request.make
         #: How the wait ended: served by a grant of its own, or by reading the grant a release
         #: handed its place (``_claim``).
         self.granted = False
         self.claimed = False
         self.timeout = timeout
         self.deadline = None if timeout is None else time.monotonic() + timeout
-        self.holder = holder
-        self.ttl = ttl
-        self.priority = priority
-        self.where = where
+        self.holder = request.holder
+        self.ttl = request.ttl
+        self.priority = request.priority
+        self.where = request.where
         self.waker = waker
         self.place: Place | None = None
         self._listening = False

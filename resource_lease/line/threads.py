@@ -37,59 +37,35 @@ class Grant(Protocol):
     ) -> None: ...
 
 
-def wait_in_line(
-    line: Line,
-    attempt: Callable[[Turn], T | None],
-    *,
-    timeout: float | None,
-    holder: str,
-    ttl: float,
-    priority: int = 0,
-    where: str | None = None,
-    waker: Waker | None = None,
-    shared: bool = False,
-    make: Make[T] | None = None,
-) -> T | None:
-    """Call ``attempt(turn)`` until it grants (returns something other than None) or
-    ``timeout`` seconds (None: for ever; 0: one attempt as a newcomer) have passed; then None.
+def wait_in_line(wait: Wait[T], waker: Waker | None = None) -> T | None:
+    """Call ``wait.attempt(turn)`` until it grants (returns something other than None) or
+    ``wait.timeout`` seconds (None: for ever; 0: one attempt as a newcomer) have passed; then
+    None (``conclude`` is the caller's: ``Wait.run``).
 
-    ``attempt`` runs the grant statement with the caller's ``turn`` in ``line`` (a newcomer
-    first, then its place). ``where`` is the caller's filter as the dialect encoded it
-    (``Dialect.encode_where``), for its looks. ``waker``: pass one to be able to interrupt the
-    wait (``waker.wake()``; the next ``attempt`` then raises). ``shared``: the caller is a
-    reader of an rwlock (its place lets readers behind it be served with it; only writers
-    ahead of it count). ``make``: a release may hand the caller's place its row where the
-    database can; the line takes that grant (``line.handoff``) and ``make`` makes the caller's
-    grant of the row (``Wait.make``). Exceptions propagate at once, and the place is left on
-    the way out.
+    ``attempt`` runs the grant statement with the caller's ``turn`` in its line (a newcomer
+    first, then its place). ``waker``: pass one to be able to interrupt the wait
+    (``waker.wake()``; the next ``attempt`` then raises). A release may hand the caller's place
+    its row where the database can; the line takes that grant (``line.handoff``) and
+    ``wait.make`` makes the caller's grant of the row. Exceptions propagate at once, and the
+    place is left on the way out.
 
     A grant that is past its local deadline once the place has been left (a hung node held
     that statement up) is given back, and the wait goes on while its timeout lasts
     (``in_time``).
     """
+    timeout = wait.timeout
     if timeout == 0:
         # One attempt as a newcomer: what ``Waiting.steps`` does for it (no place, nothing to
         # listen to or leave; a statement that could not connect raises at once), without the
         # Waker, the steps and their driver, which a caller nobody waits for need not pay for.
-        grant = attempt(NEWCOMER)
+        grant = wait.attempt(NEWCOMER)
         if grant is None:
             return None
         stats.at_once += 1
         return in_time(grant)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        grant = _wait_once(
-            line,
-            attempt,
-            timeout=timeout,
-            holder=holder,
-            ttl=ttl,
-            priority=priority,
-            where=where,
-            waker=waker,
-            shared=shared,
-            make=make,
-        )
+        grant = _wait_once(wait, timeout=timeout, waker=waker)
         if grant is None or in_time(grant) is not None:
             return grant
         timeout = left(deadline)
@@ -109,30 +85,9 @@ def left(deadline: float | None) -> float | None:
     return None if deadline is None else deadline - time.monotonic()
 
 
-def _wait_once(
-    line: Line,
-    attempt: Callable[[Turn], T | None],
-    *,
-    timeout: float | None,
-    holder: str,
-    ttl: float,
-    priority: int,
-    where: str | None,
-    waker: Waker | None,
-    shared: bool,
-    make: Make[T] | None,
-) -> T | None:
-    waiting = Waiting(
-        line,
-        timeout=timeout,
-        holder=holder,
-        ttl=ttl,
-        priority=priority,
-        where=where,
-        waker=Waker() if waker is None else waker,
-        shared=shared,
-        make=make,
-    )
+def _wait_once(wait: Wait[T], *, timeout: float | None, waker: Waker | None) -> T | None:
+    waiting = Waiting(wait, timeout=timeout, waker=Waker() if waker is None else waker)
+    attempt = wait.attempt
     steps = waiting.steps()
     try:
         step = next(steps)
@@ -209,19 +164,7 @@ class Wait(Generic[T]):
         """Wait in this thread; the answer of ``conclude``. The wait is measured
         (``metrics.waiting``: its time and outcome, and the grant's ``waited``)."""
         with metrics.waiting(self.line.kind, using=self.line.alias, holder=self.holder) as measured:
-            grant = wait_in_line(
-                self.line,
-                self.attempt,
-                timeout=self.timeout,
-                holder=self.holder,
-                ttl=self.ttl,
-                priority=self.priority,
-                where=self.where,
-                waker=waker,
-                shared=self.shared,
-                make=self.make,
-            )
-            return self.finish(grant, measured)
+            return self.finish(wait_in_line(self, waker), measured)
 
     def finish(self, grant: T | None, measured: metrics.Wait) -> T:
         """``conclude`` the wait, the grant's time recorded before it is announced."""
