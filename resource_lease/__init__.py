@@ -20,6 +20,7 @@ from resource_lease.exceptions import (
     MemberTaken,
     NoResourceAvailable,
     OutcomeUnknown,
+    RateLimited,
     SyncCallFromAsync,
 )
 
@@ -42,6 +43,7 @@ __all__ = [
     "MemberTaken",
     "NoResourceAvailable",
     "OutcomeUnknown",
+    "RateLimited",
     "ResourceHolder",
     "SyncCallFromAsync",
     "Watch",
@@ -58,6 +60,7 @@ __all__ = [
     "leader_only",
     "lock",
     "notify",
+    "rate_limit",
     "rwlock",
     "semaphore",
     "synchronized",
@@ -77,6 +80,7 @@ if TYPE_CHECKING:
     from resource_lease.recipes.groups import Group
     from resource_lease.recipes.locks import lock, semaphore, synchronized
     from resource_lease.recipes.notifications import Watch, notify, watch
+    from resource_lease.recipes.ratelimit import rate_limit
     from resource_lease.recipes.rwlock import rwlock
     from resource_lease.recipes.worker import FolderWorker, Worker
     from resource_lease.shutdown import install_sigterm_handler
@@ -109,6 +113,7 @@ _LAZY = {
     "Watch": "resource_lease.recipes.notifications",
     "Config": "resource_lease.recipes.config",
     "counter": "resource_lease.recipes.counters",
+    "rate_limit": "resource_lease.recipes.ratelimit",
     "install_sigterm_handler": "resource_lease.shutdown",
 }
 

@@ -94,6 +94,15 @@ def _untrack(lease: Lease) -> None:
         _granted.pop((lease.using, lease.resource.pk, lease.fence), None)
 
 
+def keep_until_expiry(lease: Lease) -> None:
+    """Never give ``lease`` back: its row stays busy until the grant's own expiry by the
+    database's clock (a rate limit's slot, ``recipes.ratelimit``). ``release()`` is then a
+    no-op, and neither SIGTERM nor the exit gives it back (``give_back_granted``)."""
+    with lease._lock:
+        lease._released = True
+    _untrack(lease)
+
+
 def give_back_granted() -> int:
     """Release every grant this process may still hold (``Lease.release``, or the row itself
     for a lease the program dropped unreleased); how many were still held. A failure is
