@@ -60,6 +60,7 @@ __all__ = [
     "leader_only",
     "lock",
     "notify",
+    "pool_policy",
     "rate_limit",
     "rwlock",
     "semaphore",
@@ -70,6 +71,7 @@ __all__ = [
 if TYPE_CHECKING:
     from resource_lease.aio import aacquire, alock, arwlock, asemaphore
     from resource_lease.db.connections import close_connections
+    from resource_lease.health import pool_policy
     from resource_lease.holder import ResourceHolder
     from resource_lease.lease import Lease, acquire
     from resource_lease.recipes.barrier import DoubleBarrier
@@ -114,6 +116,7 @@ _LAZY = {
     "Config": "resource_lease.recipes.config",
     "counter": "resource_lease.recipes.counters",
     "rate_limit": "resource_lease.recipes.ratelimit",
+    "pool_policy": "resource_lease.health",
     "install_sigterm_handler": "resource_lease.shutdown",
 }
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import transaction
 
-from resource_lease import line, pool, renewal, signals
+from resource_lease import health, line, pool, renewal, signals
 from resource_lease.audit import acting_as
 from resource_lease.conf import lease_settings
 from resource_lease.db.connections import refuse_on_event_loop
@@ -207,6 +207,9 @@ class Lease:
         self._deadline = sent_at + ttl - safety_margin(ttl)
         #: Seconds the caller waited for this grant (set by the entry point that waited).
         self.waited: float | None = None
+        #: The resource's backoff level as granted, and whether a report of this grant has
+        #: quarantined it (``health``; None: not carried by the grant, read on first use).
+        self.granted_level, self.tripped = health.level_as_granted(resource), False
 
     def __repr__(self) -> str:
         state = "released" if self._released else "lost" if self.lost_event.is_set() else "held"
@@ -244,6 +247,12 @@ class Lease:
         if self.lost_event.is_set():
             raise LeaseLost(f"{self!r}: {self.lost_reason}")
 
+    @property
+    def probation(self) -> bool:
+        """True for a probation grant: the first after an automatic quarantine ended
+        (docs/learning.md#health); its ``report`` decides."""
+        return health.level_of(self) > 0
+
     # -- asked of the database -------------------------------------------------------
 
     def _key(self) -> dict[str, Any]:
@@ -251,6 +260,12 @@ class Lease:
 
     def _ops(self) -> Operations:
         return ops(self.using)
+
+    def report(self, outcome: str, retry_after: float | None = None) -> None:
+        """How the resource did: ``"ok"``, ``"error"`` or ``"blocked"`` (``retry_after``
+        seconds): its shared error score, automatic quarantine with backoff
+        (docs/learning.md#health). ``LeaseLost`` if no longer held: nothing changed."""
+        health.report(self, outcome, retry_after)
 
     def renew(self, ttl: float | None = None) -> dt.datetime:
         """Extend the lease by ``ttl`` (default: its own) from now, by the database's clock.
@@ -525,16 +540,23 @@ def acquiring(
 
     def attempt(turn: Turn) -> Lease | None:
         nonlocal exists_checked
-        lease = attempt_grant(
-            kind,
-            ttl=ttl,
-            holder=holder,
-            alias=alias,
-            on_lost=on_lost,
-            turn=turn.with_delay(delay),
-            where=wanted,
-            where_sql=where_sql,
-        )
+        for _ in range(RETIRED_RETRIES):
+            lease = attempt_grant(
+                kind,
+                ttl=ttl,
+                holder=holder,
+                alias=alias,
+                on_lost=on_lost,
+                turn=turn.with_delay(delay),
+                where=wanted,
+                where_sql=where_sql,
+            )
+            if lease is None or not health.retire_due(lease):
+                break
+            lease.release()  # granted past its policy's max_uses / max_age: retired now
+            lease = None
+            if turn.claim:
+                break  # the grant handed to this place is spent: the line goes on
         if lease is None and not exists_checked:
             require_kind(alias, kind)
             exists_checked = True
@@ -559,6 +581,11 @@ def acquiring(
         where=where_sql,
         handoff=not delay,
     )
+
+
+#: How many grants in a row one attempt of ``acquire()`` gives back because their resource was
+#: past its policy's ``max_uses`` or ``max_age`` (each is retired as it is found).
+RETIRED_RETRIES = 3
 
 
 def granted(lease: Lease, *, auto_renew: bool) -> Lease:

@@ -14,6 +14,7 @@
 - ``notify``: notification topics and shared counters (read-only) and live configuration
   (editable, validated).
 - ``line``: who waits in line for what (read-only).
+- ``policy``: the pools' policies (how a pool learns; editable, validated).
 """
 
 from resource_lease.admin.dispenser import DispenserItemAdmin
@@ -22,6 +23,7 @@ from resource_lease.admin.line import WaiterAdmin
 from resource_lease.admin.locks import ElectionAdmin, LeadershipTermAdmin, LockAdmin, SemaphoreAdmin
 from resource_lease.admin.notify import ConfigEntryAdmin, CounterAdmin, TopicAdmin
 from resource_lease.admin.overview import LeaseEventAdmin, PoolOverviewAdmin
+from resource_lease.admin.policy import PoolPolicyAdmin
 from resource_lease.admin.resources import ResourceAdmin
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "LeaseEventAdmin",
     "LockAdmin",
     "PoolOverviewAdmin",
+    "PoolPolicyAdmin",
     "ResourceAdmin",
     "SemaphoreAdmin",
     "TopicAdmin",

@@ -58,6 +58,9 @@ MACHINE_FIELDS = (
     "previous_holder",
     "quarantined_until",
     "quarantine_reason",
+    "health_score",
+    "backoff_level",
+    "backoff_seconds",
     "created_at",
 )
 #: What an operator may edit.
@@ -151,7 +154,7 @@ class ResourceForm(forms.ModelForm):
 class ResourceAdmin(AppAdmin):
     # The time left sits under the state: seven columns do not fit 1400 px with the sidebars.
     # Names as seed_proxies writes them (user@host:port) wrap after "@" and before ":".
-    list_display = ("name_display", "kind", "state_badge", "holder_display", "fence", "url_display")
+    list_display = ("name_display", "kind", "state_badge", "health_display", "holder_display", "fence", "url_display")
     list_display_links = ("name_display",)
     list_filter = ("kind", StateFilter, "enabled")
     extra_lookups = ("kind__exact",)  # the pool overview's links
@@ -192,6 +195,10 @@ class ResourceAdmin(AppAdmin):
             "Quarantine (the buttons above, or the list's actions)",
             {"fields": ("quarantine_display", "quarantined_until", "quarantine_reason")},
         ),
+        (
+            "Health (written by lease.report(); restore resets it)",
+            {"fields": ("health_score", "backoff_level", "backoff_seconds")},
+        ),
         ("Recent events", {"fields": ("recent_events", "created_at")}),
     )
 
@@ -225,6 +232,14 @@ class ResourceAdmin(AppAdmin):
         ]
 
     # -- columns ------------------------------------------------------------------------
+
+    @admin.display(description="health", ordering="health_score")
+    def health_display(self, obj: Resource) -> str:
+        """The error score and, while it backs off, the backoff level (``lease.report``)."""
+        if not obj.health_score and not obj.backoff_level:
+            return "-"
+        level = f", level {obj.backoff_level}" if obj.backoff_level else ""
+        return f"{obj.health_score:.3g}{level}"
 
     @admin.display(description="name", ordering="name")
     def name_display(self, obj: Resource) -> str:
