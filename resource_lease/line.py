@@ -625,6 +625,15 @@ def wait_in_line(
     that statement up) is given back, and the wait goes on while its timeout lasts
     (``in_time``).
     """
+    if timeout == 0:
+        # One attempt as a newcomer: what ``Waiting.steps`` does for it (no place, nothing to
+        # listen to or leave; a statement that could not connect raises at once), without the
+        # Waker, the steps and their driver, which a caller nobody waits for need not pay for.
+        grant = attempt(NEWCOMER)
+        if grant is None:
+            return None
+        stats.at_once += 1
+        return in_time(grant)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         grant = _wait_once(

@@ -1,6 +1,6 @@
 """A caller that waits in line, for the line-of-waiters tests (tests/test_line*.py).
 
-    python -m tests.procs.line_waiter --what lock:NAME|pool:KIND|semaphore:NAME:SLOTS
+    python -m tests.procs.line_waiter --what lock:NAME|pool:KIND|semaphore:NAME:SLOTS|rwlock-write:NAME
         [--once [--timeout T] [--again-after A] | --seconds S] [--hold H] [--ttl T] [--priority P]
         [--where JSON] [--broken | --serial | --stale-marks | --herd | --handed-deadline-at-take]
         [--heard] [--until FILE]
@@ -161,12 +161,14 @@ def record_places(places: list[dict[str, Any]], *, heard: bool = False) -> None:
 
 
 def take(what: str, args: argparse.Namespace) -> Any:
-    from resource_lease import acquire, lock, semaphore
+    from resource_lease import acquire, lock, rwlock, semaphore
 
     family, _, rest = what.partition(":")
     common = {"ttl": args.ttl, "timeout": args.timeout, "priority": args.priority}
     if family == "lock":
         return lock(rest, auto_renew=True, **common)
+    if family == "rwlock-write":
+        return rwlock(rest).write(auto_renew=True, **common)
     if family == "semaphore":
         name, _, slots = rest.rpartition(":")
         return semaphore(name, int(slots), auto_renew=True, **common)
