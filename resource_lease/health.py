@@ -32,9 +32,9 @@ from resource_lease import signals
 from resource_lease.conf import lease_settings
 from resource_lease.db.health_operations import Health
 from resource_lease.db.operations import ops
-from resource_lease.exceptions import LeaseLost
+from resource_lease.exceptions import LeaseError, LeaseLost
 from resource_lease.forking import at_fork
-from resource_lease.models import PoolPolicy, Resource
+from resource_lease.models import COORDINATION_PREFIX, PoolPolicy, Resource
 from resource_lease.validation import check_alias, check_kind, check_seconds
 
 logger = logging.getLogger("resource_lease")
@@ -274,8 +274,11 @@ def level_of(lease: Any) -> int:
 def report(lease: Any, outcome: str, retry_after: float | None) -> Health:
     """``Lease.report``: the arguments checked (``ValueError``, nothing written), then one
     fenced statement; the resource's health after it. ``LeaseLost`` if the lease is no longer
-    held (nothing changed)."""
+    held (nothing changed). Only a pool's resources have a health: a lock's, semaphore's or
+    election's lease is refused (``LeaseError``), so no report can quarantine a lock."""
     hold = check_outcome(outcome, retry_after)
+    if lease.kind.startswith(COORDINATION_PREFIX):
+        raise LeaseError(f"{lease!r}: report() is for a pool's resources, not for {lease.kind!r} rows")
     lease.check()
     policy = policy_of(lease.using, lease.kind)
     key = {"pk": lease.resource.pk, "holder": lease.holder, "fence": lease.fence}

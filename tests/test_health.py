@@ -358,3 +358,12 @@ def test_reports_and_automatic_quarantines_are_counted(make_pool) -> None:
     with pytest.raises(LeaseLost):
         lease.report("ok")  # refused: not counted
     assert value("resource_lease_reports_total", kind="m-report", outcome="ok") == after["ok"]
+
+
+def test_a_lock_s_lease_has_no_health_to_report() -> None:
+    from resource_lease import LeaseError, lock
+
+    with lock("rebuild", ttl=30) as lease:
+        with pytest.raises(LeaseError, match="report\\(\\) is for a pool's resources"):
+            lease.report("error")
+        assert row(lease).health_score == 0.0

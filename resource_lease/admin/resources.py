@@ -154,7 +154,7 @@ class ResourceForm(forms.ModelForm):
 class ResourceAdmin(AppAdmin):
     # The time left sits under the state: seven columns do not fit 1400 px with the sidebars.
     # Names as seed_proxies writes them (user@host:port) wrap after "@" and before ":".
-    list_display = ("name_display", "kind", "state_badge", "health_display", "holder_display", "fence", "url_display")
+    list_display = ("name_display", "kind", "state_badge", "holder_display", "fence", "url_display")
     list_display_links = ("name_display",)
     list_filter = ("kind", StateFilter, "enabled")
     extra_lookups = ("kind__exact",)  # the pool overview's links
@@ -232,14 +232,6 @@ class ResourceAdmin(AppAdmin):
         ]
 
     # -- columns ------------------------------------------------------------------------
-
-    @admin.display(description="health", ordering="health_score")
-    def health_display(self, obj: Resource) -> str:
-        """The error score and, while it backs off, the backoff level (``lease.report``)."""
-        if not obj.health_score and not obj.backoff_level:
-            return "-"
-        level = f", level {obj.backoff_level}" if obj.backoff_level else ""
-        return f"{obj.health_score:.3g}{level}"
 
     @admin.display(description="name", ordering="name")
     def name_display(self, obj: Resource) -> str:
