@@ -69,31 +69,30 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from resource_lease.aio import aacquire, alock, arwlock, asemaphore
     from resource_lease.db.connections import close_connections
     from resource_lease.health import pool_policy
     from resource_lease.holder import ResourceHolder
-    from resource_lease.lease import Lease, acquire
+    from resource_lease.lease import Lease, aacquire, acquire
     from resource_lease.recipes.barrier import DoubleBarrier
     from resource_lease.recipes.config import Config
     from resource_lease.recipes.counters import counter
     from resource_lease.recipes.dispenser import Dispenser, WorkItem
     from resource_lease.recipes.election import Election, leader_only
     from resource_lease.recipes.groups import Group
-    from resource_lease.recipes.locks import lock, semaphore, synchronized
+    from resource_lease.recipes.locks import alock, asemaphore, lock, semaphore, synchronized
     from resource_lease.recipes.notifications import Watch, notify, watch
     from resource_lease.recipes.ratelimit import rate_limit
-    from resource_lease.recipes.rwlock import rwlock
+    from resource_lease.recipes.rwlock import arwlock, rwlock
     from resource_lease.recipes.worker import FolderWorker, Worker
     from resource_lease.shutdown import install_sigterm_handler
 
 # The names below import models, which need the app registry; resolve them on first use so
 # that ``import resource_lease`` works before django.setup() (e.g. in settings or celery.py).
 _LAZY = {
-    "aacquire": "resource_lease.aio",
-    "alock": "resource_lease.aio",
-    "asemaphore": "resource_lease.aio",
-    "arwlock": "resource_lease.aio",
+    "aacquire": "resource_lease.lease",
+    "alock": "resource_lease.recipes.locks",
+    "asemaphore": "resource_lease.recipes.locks",
+    "arwlock": "resource_lease.recipes.rwlock",
     "acquire": "resource_lease.lease",
     "Lease": "resource_lease.lease",
     "ResourceHolder": "resource_lease.holder",

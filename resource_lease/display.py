@@ -9,20 +9,15 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from resource_lease.db import DbNow
+from resource_lease.db.clock import DbNow
 from resource_lease.models import Resource
-from resource_lease.pool import database_now, with_state
+from resource_lease.pool import with_state
 from resource_lease.proxy_urls import mask_url, unmask_url
 
 
 def with_display_state(queryset: QuerySet[Resource]) -> QuerySet[Resource]:
     """``pool.with_state`` plus ``db_now``, the database's time, for quarantine countdowns."""
     return with_state(queryset).annotate(db_now=DbNow())
-
-
-def database_time(using: str) -> dt.datetime:
-    """The database's clock, read on the caller's own Django connection."""
-    return database_now(using)
 
 
 def quarantine_left(resource: Any) -> dt.timedelta | None:

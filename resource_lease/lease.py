@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import os
 import socket
@@ -24,7 +25,11 @@ from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.db.operations import Grant, Operations, ops
 from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost, NoResourceAvailable
 from resource_lease.keeper import dispatch, keeper
+from resource_lease.line.aio import awaits
+from resource_lease.line.threads import runs
+from resource_lease.line.wakeups import release as release_row
 from resource_lease.models import Resource
+from resource_lease.offload import in_thread
 from resource_lease.validation import (
     Options,
     check_alias,
@@ -36,7 +41,6 @@ from resource_lease.validation import (
     check_timeout,
     check_where,
 )
-from resource_lease.wakeups import after_release
 
 logger = logging.getLogger("resource_lease")
 
@@ -69,9 +73,7 @@ class _Grant:
             return lease.release()
         if self.until is not None and self.until <= time.monotonic():
             return False  # expired by itself meanwhile
-        released, handed_to = ops(self.using).release_to_line(**self.key)
-        after_release(self.using, self.kind, self.name, self.key["pk"], released=released, handed_to=handed_to)
-        return released
+        return release_row(ops(self.using), self.using, self.kind, self.name, **self.key)
 
 
 # The grants this process may still hold, by (alias, row, fence) (``give_back_granted``:
@@ -243,7 +245,7 @@ class Lease:
         if os.getpid() != self._pid:
             raise LeaseLost(f"{self!r} belongs to process {self._pid}, not to this forked child")
         if not self.lost_event.is_set() and time.monotonic() >= self._deadline:
-            self._mark_lost("the local deadline passed without a successful renewal")
+            self.mark_lost("the local deadline passed without a successful renewal")
         if self.lost_event.is_set():
             raise LeaseLost(f"{self!r}: {self.lost_reason}")
 
@@ -277,7 +279,7 @@ class Lease:
         sent_at = time.monotonic()
         expiry = self._ops().renew(ttl=ttl, **self._key())
         if expiry is None:
-            self._mark_lost("the database refused the renewal: the lease expired or another holder took it")
+            self.mark_lost("the database refused the renewal: the lease expired or another holder took it")
             raise LeaseLost(f"{self!r}: {self.lost_reason}")
         with self._lock:
             self.expires_at = expiry
@@ -287,7 +289,7 @@ class Lease:
             # The answer came back after the very deadline it set: by the database's clock the
             # lease may have expired in between and the resource been granted again
             # (docs/pitfalls.md#late-answers).
-            self._mark_lost("the renewal's answer came back after the lease's local deadline")
+            self.mark_lost("the renewal's answer came back after the lease's local deadline")
             raise LeaseLost(f"{self!r}: {self.lost_reason}")
         return expiry
 
@@ -322,10 +324,7 @@ class Lease:
         _untrack(self)
         # An answer lost with the connection is settled by the operation (run again, else
         # read back whether the first one released it: docs/pitfalls.md#unknown-outcome).
-        released, handed_to = self._ops().release_to_line(**self._key())
-        after_release(
-            self.using, self.kind, self.resource.name, self.resource.pk, released=released, handed_to=handed_to
-        )
+        released = release_row(self._ops(), self.using, self.kind, self.resource.name, **self._key())
         signals.lease_released.send(sender=Resource, lease=self, released=released)
         return released
 
@@ -382,7 +381,7 @@ class Lease:
                 .exists()
             )
             if not current:
-                self._mark_lost("a fenced write found the lease expired or taken")
+                self.mark_lost("a fenced write found the lease expired or taken")
                 raise LeaseLost(f"{self!r}: {self.lost_reason}")
             yield
 
@@ -407,8 +406,6 @@ class Lease:
                 # every renewal of the process); at once in a thread of the user's (check()).
                 dispatch(self.callback_owner or self, self.on_lost, self)
 
-    _mark_lost = mark_lost  # the name this module's own callers use
-
     def renew_in_background(self) -> float | None:
         """One renewal by the keeper (``renewal.Renewer``), under the one failure
         policy (``renewal.renew_once``); seconds until the next, or None to stop."""
@@ -423,23 +420,20 @@ class Lease:
         return interval if step.renewed else step.retry_in
 
     # -- from async code ---------------------------------------------------------------
-    # Each runs the statement in a worker thread (``aio.in_thread``), never on the event loop.
+    # Each runs the statement in a worker thread (``offload.in_thread``), never on the event loop.
 
     async def arenew(self, ttl: float | None = None) -> dt.datetime:
         """``renew()`` for async code."""
-        from resource_lease.aio import in_thread
 
         return await in_thread(self.renew, ttl)
 
     async def arelease(self) -> bool:
         """``release()`` for async code."""
-        from resource_lease.aio import in_thread
 
         return await in_thread(self.release)
 
     async def ais_held(self) -> bool:
         """``is_held()`` for async code."""
-        from resource_lease.aio import in_thread
 
         return await in_thread(self.is_held)
 
@@ -449,7 +443,6 @@ class Lease:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        from resource_lease.aio import in_thread
 
         await in_thread(self.__exit__, exc_type, exc, tb)
 
@@ -470,45 +463,6 @@ class Lease:
             logger.exception("releasing %r after an error failed", self)
 
 
-def acquire(
-    kind: str,
-    *,
-    ttl: float | None = None,
-    timeout: float | None = 0,
-    holder: str | None = None,
-    using: str | None = None,
-    auto_renew: bool = False,
-    on_lost: OnLost | None = None,
-    where: dict[str, Any] | None = None,
-    priority: int = 0,
-    lock_delay: float = 0.0,
-) -> Lease:
-    """Lease any free, healthy resource of ``kind`` for ``ttl`` seconds.
-
-    ``timeout``: 0 makes one attempt, > 0 waits in line up to that many seconds, None waits
-    until one is free (``resource_lease.line``: first come, first served, higher ``priority``
-    first, woken at release). ``where``: keys and values the resource's ``data`` must have
-    (``{"region": "eu"}``; compared exactly). ``lock_delay``: seconds (default 0) for which
-    the resource is granted to nobody if this lease expires without being released (a
-    release frees it at once), by the database's clock. Raises ``NoResourceAvailable`` when none could be
-    had (at once if the kind has no resources at all) and ``ValueError`` for bad arguments.
-    The grant is committed on the engine's own connection, so it is independent of any
-    transaction the caller has open.
-    """
-    return acquiring(
-        kind,
-        ttl=ttl,
-        timeout=timeout,
-        holder=holder,
-        using=using,
-        auto_renew=auto_renew,
-        on_lost=on_lost,
-        where=where,
-        priority=priority,
-        lock_delay=lock_delay,
-    ).run()
-
-
 def acquiring(
     kind: str,
     *,
@@ -522,8 +476,21 @@ def acquiring(
     priority: int = 0,
     lock_delay: float = 0.0,
 ) -> line.Wait[Lease]:
-    """``acquire()``'s arguments, checked (``ValueError``, nothing written), as the wait that
-    ``acquire()`` runs and ``aio.aacquire`` awaits."""
+    """Lease any free, healthy resource of ``kind`` for ``ttl`` seconds.
+
+    ``timeout``: 0 makes one attempt, > 0 waits in line up to that many seconds, None waits
+    until one is free (``resource_lease.line``: first come, first served, higher ``priority``
+    first, woken at release). ``where``: keys and values the resource's ``data`` must have
+    (``{"region": "eu"}``; compared exactly). ``lock_delay``: seconds (default 0) for which
+    the resource is granted to nobody if this lease expires without being released (a
+    release frees it at once), by the database's clock. Raises ``NoResourceAvailable`` when none could be
+    had (at once if the kind has no resources at all) and ``ValueError`` for bad arguments.
+    The grant is committed on the engine's own connection, so it is independent of any
+    transaction the caller has open.
+
+    ``acquiring`` checks the arguments (``ValueError``, nothing written) and builds the wait
+    that ``acquire`` runs in this thread and ``aacquire`` awaits: one signature for the three.
+    """
     kind = check_kind(kind)
     options = Options.of(ttl=ttl, using=using, holder=holder, default_holder=default_holder)
     ttl, alias, holder = options.ttl, options.using, options.holder
@@ -555,8 +522,6 @@ def acquiring(
                 break
             lease.release()  # granted past its policy's max_uses / max_age: retired now
             lease = None
-            if turn.claim:
-                break  # the grant handed to this place is spent: the line goes on
         if lease is None and not exists_checked:
             require_kind(alias, kind)
             exists_checked = True
@@ -579,9 +544,26 @@ def acquiring(
         ttl=ttl,
         priority=priority,
         where=where_sql,
-        handoff=not delay,
+        make=None if delay else retiring(making(holder=holder, ttl=ttl, alias=alias, on_lost=on_lost)),
     )
 
+
+def retiring(make: Callable[[Sequence[Any], float], Lease | None]) -> Callable[[Sequence[Any], float], Lease | None]:
+    """``make`` for ``acquire()``: a row handed to the caller's place past its policy's
+    ``max_uses`` or ``max_age`` is retired and given back (the caller waits on in line)."""
+
+    def make_or_retire(row: Sequence[Any], sent_at: float) -> Lease | None:
+        lease = make(row, sent_at)
+        if lease is not None and health.retire_due(lease):
+            lease.release()
+            return None
+        return lease
+
+    return make_or_retire
+
+
+acquire = runs(acquiring, "acquire")
+aacquire = awaits(acquiring, "aacquire")
 
 #: How many grants in a row one attempt of ``acquire()`` gives back because their resource was
 #: past its policy's ``max_uses`` or ``max_age`` (each is retired as it is found).
@@ -616,45 +598,43 @@ def attempt_grant(
     matches its ``where``; the holder's lock step passes ``grant_by_id``, a named row
     ``grant_by_name``; an rwlock's read grant ``grant_read`` with ``lease_class`` its
     ``ReadLease``). Package-internal: use ``acquire()``.
-
-    A ``turn`` that claims (``Turn.claiming``) runs no grant: it reads the grant a release
-    handed to its place (PostgreSQL's RELEASE, ``db.line.LineStatements.hands_off``).
     """
     keeper().refuse_when_stopping("grants")
     engine = ops(alias)
-    row: Sequence[Any] | None
-    handed = _handed_row(engine, turn, ttl=ttl, holder=holder)
-    if handed is not None:
-        # Granted by a release, which said what (its NOTIFY): the grant lasts at least ttl
-        # from when this waiter sent ENTER_LINE (RELEASE, db/postgresql.py), nothing to read.
-        row, sent_at = handed, turn.entered_at
-        line.stats.handed_unread += 1
-    elif turn.claim:
+    if statement is None:
+        statement = engine.grant_any(kind, holder=holder, ttl=ttl, turn=turn, where=where, where_sql=where_sql)
+    for tries_left in (1, 0):
         sent_at = time.monotonic()
-        claimed = engine.claim_handed(kind, token=turn.token, pk=turn.row)
-        if claimed is None:
-            return None
-        row, left = claimed
-        # Granted by a release this waiter never saw: its local deadline counts from this
-        # read, with the seconds the database said were left (as if sent that much earlier).
-        sent_at -= max(0.0, ttl - left)
-    else:
-        if statement is None:
-            statement = engine.grant_any(kind, holder=holder, ttl=ttl, turn=turn, where=where, where_sql=where_sql)
-        for tries_left in (1, 0):
-            sent_at = time.monotonic()
-            row, settled = engine.grant(kind, statement)
-            if row is None and settled and tries_left:
-                # Settled: nothing was granted. Most often the statement never reached the
-                # server (a session it had dropped: idle timeout, restart); run it once more
-                # on the new connection, or a single attempt would report free resources as
-                # none.
-                continue
-            break
-        if row is None:
-            return None
-    resource = engine.dialect.to_resource(row)
-    lease = (lease_class or Lease)(resource, holder=holder, ttl=ttl, using=alias, sent_at=sent_at, on_lost=on_lost)
+        row, settled = engine.grant(kind, statement)
+        if row is None and settled and tries_left:
+            # Settled: nothing was granted. Most often the statement never reached the
+            # server (a session it had dropped: idle timeout, restart); run it once more
+            # on the new connection, or a single attempt would report free resources as
+            # none.
+            continue
+        break
+    if row is None:
+        return None
+    return lease_from_row(row, sent_at, holder=holder, ttl=ttl, alias=alias, on_lost=on_lost, lease_class=lease_class)
+
+
+def lease_from_row(
+    row: Sequence[Any],
+    sent_at: float,
+    *,
+    holder: str,
+    ttl: float,
+    alias: str,
+    on_lost: OnLost | None = None,
+    lease_class: type[Lease] | None = None,
+) -> Lease | None:
+    """The lease of a granted row (``sent_at``: when its grant was sent, this machine's
+    monotonic clock): a grant statement's row, or one a release handed to a place in line
+    (``line.handoff``). None if it arrived dead (given back); given back, and refused, if the
+    process is giving back what it holds."""
+    lease = (lease_class or Lease)(
+        ops(alias).dialect.to_resource(row), holder=holder, ttl=ttl, using=alias, sent_at=sent_at, on_lost=on_lost
+    )
     if arrived_dead(lease):
         give_back_dead(lease, took=time.monotonic() - sent_at)
         return None
@@ -666,23 +646,14 @@ def attempt_grant(
     return lease
 
 
-#: The least share of its ttl a grant handed to a place must have left, by the waiter's
-#: clock from when it sent ENTER_LINE, for the waiter to take it as the release described it;
-#: after a longer wait in line it reads the grant (``CLAIM_HANDED``), whose answer says how
-#: long the grant has left.
-HANDED_UNREAD_MIN = 0.5
-
-
-def _handed_row(engine: Any, turn: Turn, *, ttl: float, holder: str) -> Sequence[Any] | None:
-    """The row a release handed to this turn's place, as its NOTIFY described it, if the
-    waiter may take it without reading it: the grant has at least HANDED_UNREAD_MIN of its
-    ttl left counted from when the place was taken. Else None (the claim reads it)."""
-    if not (turn.claim and turn.handed and turn.entered_at):
-        return None
-    if turn.entered_at + ttl - time.monotonic() < HANDED_UNREAD_MIN * ttl:
-        return None
-    row: Sequence[Any] | None = engine.dialect.handed_row(turn.handed, holder=holder, token=turn.token)
-    return row  # its id is the turn's row: both come from the one NOTIFY
+def making(
+    *, holder: str, ttl: float, alias: str, on_lost: OnLost | None = None, lease_class: type[Lease] | None = None
+) -> Callable[[Sequence[Any], float], Lease | None]:
+    """How an entry point's wait makes its lease of a row a release handed to its place
+    (``line.Wait.make``: the line claims the grant, the entry point says what it is)."""
+    return functools.partial(
+        lease_from_row, holder=holder, ttl=ttl, alias=alias, on_lost=on_lost, lease_class=lease_class
+    )
 
 
 def arrived_dead(lease: Lease) -> bool:

@@ -24,15 +24,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from resource_lease.backoff import Backoff
 from resource_lease.db import json_text
 from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseError, LeaseLost
 from resource_lease.forking import at_fork
 from resource_lease.keeper import keeper
-from resource_lease.lease import Lease, OnLost, attempt_grant, granted
+from resource_lease.lease import Lease, OnLost, attempt_grant, granted, making
 from resource_lease.models import COORDINATION_PREFIX, Resource
-from resource_lease.waiting import Backoff
 
 logger = logging.getLogger("resource_lease")
 
@@ -96,8 +96,6 @@ def try_grant(
     statement = ops(alias).grant_by_name(kind, name, holder=holder, ttl=ttl, turn=turn)
     ensure(alias, kind, [name])
     lease = attempt_grant(kind, ttl=ttl, holder=holder, alias=alias, on_lost=on_lost, statement=statement, turn=turn)
-    if turn.claim:
-        return lease  # a grant handed to the caller's place, or none: the row exists
     if lease is None and name not in read(alias, kind, [name]).rows:
         forget(alias, kind, name)
         ensure(alias, kind, [name])
@@ -223,8 +221,22 @@ class KeptRow:
         lease = try_grant(
             self.using, self.kind, self.name, holder=self.holder, ttl=self.ttl, on_lost=self._lost, turn=turn
         )
-        if lease is None:
-            return None
+        return None if lease is None else self._adopt(lease, auto_renew=auto_renew)
+
+    def making(self) -> Callable[[Sequence[Any], float], Lease | None]:
+        """How a wait in the row's line makes this row's lease of a grant a release handed to
+        its place (``line.Wait.make``), as ``take`` does of its own grant."""
+        make = making(holder=self.holder, ttl=self.ttl, alias=self.using, on_lost=self._lost)
+
+        def made(row: Sequence[Any], sent_at: float) -> Lease | None:
+            lease = make(row, sent_at)
+            return None if lease is None else self._adopt(lease)
+
+        return made
+
+    def _adopt(self, lease: Lease, *, auto_renew: bool = True) -> Lease | None:
+        """A grant of the row made this row's lease, ``on_gained`` told first (refused: given
+        back, None), renewed by the keeper unless ``auto_renew=False``."""
         lease.callback_owner = self.owner
         if not self._gained(lease):
             lease.release()

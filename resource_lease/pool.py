@@ -29,8 +29,7 @@ from django.db.models import (
 from django.dispatch import Signal
 
 from resource_lease import signals
-from resource_lease.conf import lease_settings
-from resource_lease.db import DbNow, read_clock
+from resource_lease.db.clock import DbNow, read_clock
 from resource_lease.db.connections import database_errors
 from resource_lease.models import (
     COORDINATION_PREFIX,
@@ -46,7 +45,7 @@ from resource_lease.models import (
     quarantined_q,
     state_annotations,
 )
-from resource_lease.validation import check_alias, check_aware, check_kind, check_reason, check_seconds
+from resource_lease.validation import check_alias, check_aware, check_kind, check_reason, check_seconds, resolve_using
 
 __all__ = [
     "DISABLED",
@@ -87,7 +86,7 @@ def _queryset(resources: ResourceSet, using: str | None) -> QuerySet[Resource]:
             pks.append(item)
         else:
             raise ValueError(f"resources must hold Resource objects or integer primary keys, got {item!r}")
-    return Resource.objects.using(alias or lease_settings.DATABASE).filter(pk__in=pks)
+    return Resource.objects.using(alias or resolve_using(None)).filter(pk__in=pks)
 
 
 def _check_queryset(queryset: Any, name: str) -> None:
@@ -116,7 +115,7 @@ def counts(queryset: QuerySet[Resource] | None = None, *, using: str | None = No
     pool, without the coordination rows of locks, elections and groups), on ``using``
     (default: the queryset's database, else the lease database)."""
     if queryset is None:
-        queryset = Resource.objects.using(lease_settings.DATABASE if using is None else check_alias(using)).pools()
+        queryset = Resource.objects.using(resolve_using(using)).pools()
     else:
         _check_queryset(queryset, "queryset")
         if using is not None:
@@ -136,7 +135,7 @@ def waiting(kind: str | None = None, *, using: str | None = None) -> dict[str, l
     order they will be served, each with ``place`` (1 is next) and ``waited`` (a timedelta,
     by the database's clock). Lines of coordination rows (locks, elections) are not pools and
     are left out."""
-    alias = check_alias(str(lease_settings.DATABASE) if using is None else using)
+    alias = resolve_using(using)
     places = Waiter.objects.using(alias).live().filter(name="").exclude(kind__startswith=COORDINATION_PREFIX)
     if kind is not None:
         places = places.filter(kind=check_kind(kind))
@@ -241,8 +240,9 @@ def force_release(resources: ResourceSet, *, using: str | None = None) -> int:
     return count
 
 
-def database_now(using: str = "default") -> dt.datetime:
-    """The database's current time (UTC), read on the caller's own Django connection."""
-    alias = check_alias(using)
+def database_now(using: str | None = None) -> dt.datetime:
+    """The database's current time (UTC), read on the caller's own Django connection to
+    ``using`` (default: the lease database, ``RESOURCE_LEASE["DATABASE"]``)."""
+    alias = resolve_using(using)
     with database_errors(alias, "reading the database's clock"):
         return read_clock(connections[alias])

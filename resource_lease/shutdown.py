@@ -36,9 +36,8 @@ from types import FrameType
 from typing import Any
 
 from resource_lease import lease as leases
-from resource_lease import leaving
 from resource_lease.keeper import keeper
-from resource_lease.line import Place
+from resource_lease.line import Place, leaving
 from resource_lease.validation import check_seconds
 
 logger = logging.getLogger("resource_lease")
@@ -82,10 +81,7 @@ def give_back_all(timeout: float | None = 10.0) -> GivenBack:
     released = leases.give_back_granted()
     places = 0
     for place in [job for job in keeper().jobs() if isinstance(job, Place)]:
-        there = leaving.leave(place)
-        if place.token and not there and leaving.give_back_handed(place) is None:
-            logger.warning("%r: a grant handed to it may stay held until its ttl", place)
-        places += bool(there)
+        places += leaving.leave_at_exit(place)
     given = GivenBack(holders, released, places)
     if holders or released or places:
         logger.info("gave back %s", given)

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.db.models import Count, DateTimeField, DurationField, ExpressionWrapper, Max, Q, Value
 
-from resource_lease.db import DbNow
+from resource_lease.db.clock import DbNow
 from resource_lease.db.connections import database_errors
 from resource_lease.metrics import BUCKETS
 from resource_lease.models import LeaseEvent

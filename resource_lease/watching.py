@@ -22,6 +22,7 @@ from typing import Any
 
 from resource_lease.db.listen import hub
 from resource_lease.keeper import keeper
+from resource_lease.offload import in_thread
 
 logger = logging.getLogger("resource_lease")
 
@@ -116,7 +117,6 @@ class Watch:
 
     async def astop(self, timeout: float | None = None) -> None:
         """``stop()`` for async code (it may wait for a callback that is running)."""
-        from resource_lease.aio import in_thread
 
         await in_thread(self.stop, timeout)
 

@@ -22,8 +22,8 @@ from resource_lease.db.listen import hub
 from resource_lease.health import forget_policies
 from resource_lease.holder import ResourceHolder
 from resource_lease.line import forget_lines
+from resource_lease.line.wakeups import forget_subscriptions
 from resource_lease.models import Resource
-from resource_lease.wakeups import forget_subscriptions
 from tests import sharding
 from tests.holder_helpers import Holder
 

@@ -26,14 +26,14 @@ from resource_lease import (
     alock,
     asemaphore,
     counter,
-    line,
     lock,
     synchronized,
     watch,
 )
-from resource_lease.aio import in_thread
 from resource_lease.exceptions import NoResourceAvailable
 from resource_lease.line import Line, waiters
+from resource_lease.line import places as line_places
+from resource_lease.offload import in_thread
 from resource_lease.recipes.locks import LOCK_KIND
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -169,14 +169,14 @@ async def test_a_waiter_cancelled_while_its_place_is_being_taken_leaves_the_line
     that took it has not answered yet (held up here for 0.5 s): the place is still left at
     once, not after its ttl (CI found one left behind)."""
     held = await in_thread(lock, "aio-cancel-enter", ttl=30, timeout=0)
-    taking = line._enter
+    taking = line_places.enter
 
     def slowly(*args: Any, **kwargs: Any) -> Any:
         place = taking(*args, **kwargs)
         time.sleep(0.5)
         return place
 
-    monkeypatch.setattr(line, "_enter", slowly)
+    monkeypatch.setattr(line_places, "enter", slowly)
     waiter = asyncio.get_running_loop().create_task(_take("aio-cancel-enter"))
     await until_in_line(LOCK_KIND, "aio-cancel-enter")
     waiter.cancel()

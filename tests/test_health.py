@@ -367,3 +367,34 @@ def test_a_lock_s_lease_has_no_health_to_report() -> None:
         with pytest.raises(LeaseError, match="report\\(\\) is for a pool's resources"):
             lease.report("error")
         assert row(lease).health_score == 0.0
+
+
+def test_a_grant_made_for_a_waiter_in_line_is_retired_too(make_pool) -> None:
+    """On PostgreSQL the release hands the row to the waiter's place (``lease.retiring``);
+    elsewhere the waiter's own grant finds it due: either way it is retired, not handed out."""
+    import threading
+
+    from resource_lease.line import Line, waiters
+
+    make_pool("proxy", 1)
+    held = acquire("proxy", ttl=30)  # granted before the policy: not retired
+    Resource.objects.update(created_at=database_now() - dt.timedelta(hours=2))
+    pool_policy("proxy", max_age=3600)
+    outcome: list[str] = []
+
+    def wait() -> None:
+        try:
+            acquire("proxy", ttl=30, timeout=3).release()
+            outcome.append("granted")
+        except NoResourceAvailable:
+            outcome.append("none")
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    while not waiters(Line("default", "proxy")) and waiter.is_alive():
+        time.sleep(0.01)
+    held.release()
+    waiter.join()
+    assert outcome == ["none"]
+    state = Resource.objects.get(kind="proxy")
+    assert state.enabled is False and "max_age 3600s" in state.quarantine_reason and not state.grant_token

@@ -27,14 +27,14 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from resource_lease import acquire, leaving, lock
+from resource_lease import acquire, lock
 from resource_lease.db.connections import lease_connection, run_repeatable
 from resource_lease.db.postgresql import HANDED_DATA_MAX
-from resource_lease.lease import attempt_grant
-from resource_lease.line import Line, Waiting
+from resource_lease.lease import attempt_grant, making
+from resource_lease.line import Line, Waiting, leaving
+from resource_lease.line.wakeups import Waker
 from resource_lease.models import Resource, Waiter
 from resource_lease.recipes.locks import LOCK_KIND
-from resource_lease.wakeups import Waker
 from tests.conftest import worker_env
 from tests.line_waiting import Waiting as WaiterProcess
 from tests.line_waiting import wait_for_places
@@ -59,7 +59,7 @@ def _waiting(kind: str, holder: str, name: str = "") -> Waiting:
         priority=0,
         where=None,
         waker=Waker(),
-        handoff=True,
+        make=making(holder=holder, ttl=30, alias="default"),
     )
     waiter.place = waiter._enter()
     assert waiter.place is not None and waiter.place.token
@@ -133,7 +133,7 @@ def test_a_grant_taken_as_the_release_described_it_never_outlasts_its_expiry(
     counts its ttl from when it sent ENTER_LINE (the release's expiry counts from a moment
     after that insert committed: RELEASE's clock_timestamp()). A waiter stopped between the
     hand-off and its take must then believe no longer than the database's expiry; one stopped
-    for more than half its ttl (``lease.HANDED_UNREAD_MIN``) reads its grant instead, and
+    for more than half its ttl (``line.handoff.HANDED_UNREAD_MIN``) reads its grant instead, and
     counts from the read's answer. Control: the ttl counted from the take
     (``--handed-deadline-at-take``, taken unread): it believes the grant lasts PAUSED seconds
     longer than it does, which the same check catches."""

@@ -103,13 +103,14 @@ def test_a_place_gone_while_its_grant_is_tried_is_lost_only_if_the_grant_failed(
     a place that does not defer (``attempting`` never set) is lost even when served."""
     from resource_lease import line as line_module
     from resource_lease.exceptions import LeaseLost
+    from resource_lease.line import places
+    from resource_lease.line.wakeups import Waker
     from resource_lease.renewal import renewer
-    from resource_lease.wakeups import Waker
 
     outcomes = {}
     for granted in (True, False):
         line = line_module.Line("default", LOCK_KIND, f"gone-{granted}")
-        place = line_module._enter(line, holder="w", priority=0, where=None, ttl=30, waker=Waker())
+        place = places.enter(line, holder="w", priority=0, where=None, ttl=30, waker=Waker())
         renewer().discard(place)  # this test renews by hand
         place.attempting = variant == "engine"
         Waiter.objects.filter(id=place.id).delete()  # as a granting LEAVING_LINE does

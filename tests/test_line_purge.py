@@ -17,6 +17,7 @@ import pytest
 
 from resource_lease import line, lock
 from resource_lease.exceptions import LockHeld
+from resource_lease.line import places
 from resource_lease.models import Waiter
 from resource_lease.recipes.locks import LOCK_KIND
 from tests.line_waiting import Waiting, wait_for_places, waiting_fixture  # noqa: F401 (the fixture)
@@ -38,7 +39,7 @@ def test_a_dead_waiters_place_on_a_line_nobody_enters_again_is_purged(
 
     line.forget_lines()  # this process has purged nothing yet
     if purge_all == "off":
-        line._purged_all["default"] = time.monotonic()  # as if just purged: the old behaviour
+        places._purged_all["default"] = time.monotonic()  # as if just purged: the old behaviour
     other = lock("elsewhere", ttl=300, timeout=0)
     with pytest.raises(LockHeld):
         lock("elsewhere", ttl=5, timeout=0.2)  # waits in another line: its entry purges

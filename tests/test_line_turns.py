@@ -13,7 +13,8 @@ from collections.abc import Callable
 import pytest
 from django.db import connection
 
-from resource_lease import acquire, lock, wakeups
+from resource_lease import acquire, lock
+from resource_lease.line import wakeups
 from resource_lease.models import Resource
 from resource_lease.recipes.locks import LOCK_KIND
 from tests.conftest import worker_env
@@ -56,8 +57,11 @@ def test_a_release_wakes_only_the_waiter_whose_turn_it_is(waiting: Callable[...,
 
 def test_releases_that_wake_the_whole_line_are_caught(waiting: Callable[..., Waiting]) -> None:
     wakes = chain_of_turns(waiting, "--herd")
-    # The first release was ours (it tells turns); each of the children's woke all behind it.
-    assert wakes != [1, 1, 1, 1] and max(wakes) >= 3
+    # The first release was ours (it tells turns); each of the children's woke all behind it:
+    # the third and fourth waiters were woken by the first's release and by the second's
+    # before their own turn (the fourth may be served by its own try after two, before the
+    # third's release reaches it, so no more is asked of it).
+    assert wakes != [1, 1, 1, 1] and min(wakes[2:]) >= 2, wakes
 
 
 def test_a_freed_row_is_told_to_the_first_waiter_its_data_matches(waiting: Callable[..., Waiting]) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from resource_lease.wakeups import Board, Handed, Waker
+from resource_lease.line.wakeups import Board, Handed, Waker
 
 
 class TurnOnHandoffWaker(Waker):

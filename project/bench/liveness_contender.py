@@ -60,8 +60,9 @@ def setup() -> None:
 
 def cut_wakeups() -> None:
     """The negative control (see the module's docstring)."""
-    from resource_lease import doorbell, line, wakeups
+    from resource_lease import doorbell
     from resource_lease.conf import lease_settings
+    from resource_lease.line import steps, wakeups
 
     wakeups.Waker.wake = lambda self, *, turn=False, handed=None: None  # type: ignore[method-assign]
 
@@ -71,7 +72,7 @@ def cut_wakeups() -> None:
         yield time.sleep
 
     doorbell.Doorbell.listening = deaf  # type: ignore[method-assign]
-    line._interval = lambda look, pushed: float(lease_settings.LINE_POLL_MAX)  # type: ignore[assignment]
+    steps._interval = lambda look, pushed: float(lease_settings.LINE_POLL_MAX)  # type: ignore[assignment]
 
 
 def sync_rows(

@@ -35,7 +35,7 @@ def listener(kind: str) -> None:
     import django
 
     django.setup()
-    from resource_lease.wakeups import Waker, board, listen, pushed
+    from resource_lease.line.wakeups import Waker, board, listen, pushed
 
     waker = Waker()
     board().add(("default", kind, ""), waker)

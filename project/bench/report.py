@@ -34,6 +34,13 @@ STYLE: dict[str, dict[str, Any]] = {
         "linewidth": 1.4,
         "label": "lease floor: 2 PK UPDATEs moving busy_before",
     },
+    "before": {
+        "color": "tab:cyan",
+        "marker": "o",
+        "linestyle": "-.",
+        "linewidth": 1.6,
+        "label": "resource_lease before (--before)",
+    },
     "original": {"color": "tab:red", "marker": "^", "linewidth": 1.6, "label": "original SELECT+UPDATE"},
     "redis": {"color": "tab:green", "marker": "D", "linewidth": 1.4, "label": "redis-py Lock"},
     "getlock": {"color": "tab:purple", "marker": "v", "linewidth": 1.4, "label": "GET_LOCK"},

@@ -113,6 +113,20 @@ class Context:
     #: PostgreSQL: VACUUM the lease table before each measured point (see vendor.vacuum).
     vacuum: bool = True
     say: Callable[[str], None] = field(default=lambda message: None)
+    #: The workers whose resource_lease is ``plan.before``'s (made on first use).
+    before_workers: Workers | None = None
+
+    def before_pool(self) -> Workers:
+        """Workers running the engine of the checkout ``plan.before`` (the 'before' contender)."""
+        if self.before_workers is None:
+            assert self.plan.before is not None
+            self.before_workers = Workers(self.target.url, self.workers.log_path, engine_path=str(self.plan.before))
+        return self.before_workers
+
+    def close_before(self) -> None:
+        if self.before_workers is not None:
+            self.before_workers.close()
+            self.before_workers = None
 
     def settle(self) -> None:
         """Between measured points: what autovacuum would have done by now."""
@@ -126,6 +140,8 @@ class Context:
 def contenders(ctx: Context) -> list[str]:
     """The contenders this database and machine offer (GET_LOCK is MySQL's; Redis may be absent)."""
     names = ["engine", "floor", "lease-floor", "original"]
+    if ctx.plan.before is not None:
+        names.insert(1, "before")  # the engine of an earlier checkout (``--before``), same calls
     if ctx.redis_url:
         names.append("redis")
     if vendor.has_get_lock(ctx.target):
@@ -201,16 +217,19 @@ def _measure(
     """Every contender, ``plan.rounds`` windows each, taking turns; summaries by contender."""
     plan = ctx.plan
     workers = ctx.workers.ensure(processes)
+    before = ctx.before_pool().ensure(processes) if "before" in names else []
     lock_names = [f"{KIND_PREFIX}{ctx.run_id}:{i}" for i in range(plan.cycle_pool)]
     windows: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for r in range(plan.rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
+            # "before" runs the engine's calls in workers importing the earlier checkout.
+            pool = before if name == "before" else workers
             specs = []
             for i in range(processes):
                 spec: dict[str, Any] = {
                     "task": "cycle",
-                    "contender": name,
+                    "contender": "engine" if name == "before" else name,
                     # The original algorithm is slow on a large pool: one warm-up cycle is plenty.
                     "warmup": 1 if name == "original" else 2,
                     "options": {
@@ -224,14 +243,14 @@ def _measure(
                 if ctx.profile_dir is not None and name == "engine":
                     spec["profile"] = str(ctx.profile_dir / f"{ctx.target.key}-{point}-r{r}-w{i}.prof")
                 specs.append(spec)
-            pairs = list(zip(workers, specs, strict=True))
+            pairs = list(zip(pool, specs, strict=True))
             prepare(pairs, timeout=120)
-            before = vendor.counters(ctx.target)
+            counted = vendor.counters(ctx.target)
             start = time.monotonic() + 0.05
             go(pairs, start, start + plan.duration)
-            window = _merge([worker.expect("done", plan.duration + 120)["result"] for worker in workers])
+            window = _merge([worker.expect("done", plan.duration + 120)["result"] for worker in pool])
             after = vendor.counters(ctx.target)
-            window["server"] = {key: after[key] - before[key] for key in before}
+            window["server"] = {key: after[key] - counted[key] for key in counted}
             windows[name].append(window)
             ctx.say(f"  {point} round {r + 1}/{plan.rounds} {name}: {windows[name][-1]['rate']:.0f} cycles/s")
     return {name: _summarise(windows[name], windows.get("floor"), windows.get("lease-floor")) for name in names}
@@ -246,7 +265,10 @@ def cycle_throughput(ctx: Context) -> dict[str, Any]:
     points = []
     for processes in plan.processes:
         ctx.settle()
-        results = _measure(ctx, names, kind=kind, pks=pks, processes=processes, point=f"P{processes}")
+        try:
+            results = _measure(ctx, names, kind=kind, pks=pks, processes=processes, point=f"P{processes}")
+        finally:
+            ctx.close_before()
         points.append({"processes": processes, "results": results})
     return {
         "pool": plan.cycle_pool,

@@ -73,7 +73,7 @@ class EngineWaits(Waits):
         from resource_lease.db.connections import close_connections
 
         if self.listening:
-            from resource_lease.wakeups import unlisten
+            from resource_lease.line.wakeups import unlisten
 
             unlisten("default")
         close_connections()
@@ -85,7 +85,7 @@ def _listen_before_the_start(alias: str) -> bool:
     first wait of every process in the window pays for a new connection and polls until its
     LISTEN is up. True if this process now listens (``unlisten`` at the end)."""
     try:
-        from resource_lease.wakeups import listen, pushed
+        from resource_lease.line.wakeups import listen, pushed
     except ImportError:  # an engine from before the line
         return False
     listen(alias)

@@ -168,7 +168,6 @@ def waiting(ctx: Any) -> dict[str, Any]:
     zk = zookeeper(ctx.say) if plan.peers else None
     redis_url = ctx.redis_url if plan.peers else None
     names = contenders(before=plan.before is not None, zookeeper_up=zk is not None, redis_url=redis_url)
-    before_workers = None
     points = []
     try:
         for case in cases.values():
@@ -195,11 +194,7 @@ def waiting(ctx: Any) -> dict[str, Any]:
                     if case.what == "pool" and name in ("redis-lock", "redis-py"):
                         continue  # they have no semaphore
                     ctx.settle()
-                    pool = ctx.workers
-                    if name == "before":
-                        if before_workers is None:
-                            before_workers = Workers(ctx.target.url, ctx.workers.log_path, engine_path=str(plan.before))
-                        pool = before_workers
+                    pool = ctx.before_pool() if name == "before" else ctx.workers
                     figures = measure(
                         case=case,
                         contender=name,
@@ -215,8 +210,7 @@ def waiting(ctx: Any) -> dict[str, Any]:
                     )
             points.append({"case": case.__dict__, "results": {n: _mean(runs) for n, runs in results.items()}})
     finally:
-        if before_workers is not None:
-            before_workers.close()
+        ctx.close_before()
     return {
         "window_s": plan.waiting_duration,
         "rounds": plan.waiting_rounds,

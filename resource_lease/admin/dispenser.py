@@ -25,9 +25,10 @@ from django.utils.http import urlencode
 
 from resource_lease.admin.base import CSS, AppAdmin, badge, plural
 from resource_lease.admin.times import clipped, time_html
-from resource_lease.db import DbNow
-from resource_lease.display import database_time, format_duration
+from resource_lease.db.clock import DbNow
+from resource_lease.display import format_duration
 from resource_lease.models import DispenserItem
+from resource_lease.pool import database_now
 from resource_lease.recipes.dispenser import Dispenser, WorkItem, dispenser_counts
 
 COUNTED = ("pending", "assigned", "done", "failed")
@@ -242,7 +243,7 @@ class DispenserItemAdmin(AppAdmin):
             **(extra_context or {}),
             "dispensers": rows,
             "states": COUNTED,
-            "database_now": database_time(using),
+            "database_now": database_now(using),
         }
         return super().changelist_view(request, extra_context=context)
 

@@ -33,8 +33,9 @@ from resource_lease.admin.base import (
 )
 from resource_lease.admin.times import clipped
 from resource_lease.audit import acting_as
-from resource_lease.display import current_holder, database_time, format_duration, with_display_state
+from resource_lease.display import current_holder, format_duration, with_display_state
 from resource_lease.models import COORDINATION_PREFIX, BarrierOverview, GroupMember, Resource
+from resource_lease.pool import database_now
 from resource_lease.recipes.barrier import barriers
 
 GROUP_PREFIX = f"{COORDINATION_PREFIX}group:"
@@ -128,7 +129,7 @@ class GroupMemberAdmin(ReadOnlyAdmin):
         self.message_user(request, message, messages.SUCCESS if kicked else messages.WARNING)
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        extra_context = {**(extra_context or {}), "database_now": database_time(Resource.objects.db)}
+        extra_context = {**(extra_context or {}), "database_now": database_now(Resource.objects.db)}
         return super().changelist_view(request, extra_context)
 
 
@@ -155,7 +156,7 @@ class BarrierOverviewAdmin(ReadOnlyAdmin):
                 for b in barriers(Resource.objects.db)
             ],
             "members_url": reverse(f"{self.admin_site.name}:resource_lease_groupmember_changelist"),
-            "database_now": database_time(Resource.objects.db),
+            "database_now": database_now(Resource.objects.db),
             "media": self.media,
         }
         return TemplateResponse(request, "admin/resource_lease/barrieroverview/overview.html", context)

@@ -26,12 +26,12 @@ from resource_lease.admin.times import clipped, lock_delay_html, time_html
 from resource_lease.audit import acting_as
 from resource_lease.display import (
     current_holder,
-    database_time,
     format_duration,
     lock_delay_until,
     with_display_state,
 )
 from resource_lease.models import ElectionRow, LeadershipTerm, LockRow, Resource, RwLockRow, SemaphoreSlot
+from resource_lease.pool import database_now
 
 #: How a slot retired by shrinking a semaphore (a disabled row) is labelled.
 RETIRED = "retired"
@@ -128,7 +128,7 @@ class CoordinationAdmin(AppAdmin):
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         extra_context = {
             **(extra_context or {}),
-            "database_now": database_time(Resource.objects.db),
+            "database_now": database_now(Resource.objects.db),
             "intro": self.intro,
         }
         return super().changelist_view(request, extra_context)

@@ -16,8 +16,9 @@ from django.utils.text import capfirst
 from resource_lease import pool
 from resource_lease.admin.base import CSS, ReadOnlyAdmin, badge, may_see_resources
 from resource_lease.conf import lease_settings
-from resource_lease.display import database_time, format_wait
+from resource_lease.display import format_wait
 from resource_lease.models import LeaseEvent, PoolOverview, Resource
+from resource_lease.pool import database_now
 from resource_lease.wait_stats import wait_stats
 
 #: The window of the overview's waits and time-outs.
@@ -61,7 +62,7 @@ class PoolOverviewAdmin(ReadOnlyAdmin):
             "events_url": reverse(f"{self.admin_site.name}:resource_lease_leaseevent_changelist"),
             "audit_on": audit_on,
             "resources_url": resources_url,
-            "database_now": database_time(Resource.objects.db),
+            "database_now": database_now(Resource.objects.db),
             "media": self.media,
         }
         return TemplateResponse(request, "admin/resource_lease/pooloverview/overview.html", context)

@@ -32,7 +32,6 @@ from resource_lease.audit import acting_as
 from resource_lease.conf import lease_settings
 from resource_lease.display import (
     current_holder,
-    database_time,
     format_duration,
     lock_delay_until,
     mask_payload,
@@ -42,6 +41,7 @@ from resource_lease.display import (
     with_display_state,
 )
 from resource_lease.models import LeaseEvent, Resource, ResourceQuerySet
+from resource_lease.pool import database_now
 from resource_lease.proxy_urls import MASK
 from resource_lease.seeding import data_problem, name_problem
 from resource_lease.validation import check_kind
@@ -377,7 +377,7 @@ class ResourceAdmin(AppAdmin):
         self._apply(request, queryset, pool.restore, "Restored", "were not quarantined")
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        extra_context = {**(extra_context or {}), "database_now": database_time(Resource.objects.db)}
+        extra_context = {**(extra_context or {}), "database_now": database_now(Resource.objects.db)}
         return super().changelist_view(request, extra_context)
 
     # -- the resource's own page: the same three operations, as buttons -------------------

@@ -34,25 +34,6 @@ class Turn:
     #: Rows the caller's look has just seen free (``Look.free_ids``): a grant in the line form
     #: that would read some free rows first (MySQL's ``acquire_in_line``) tries these instead.
     candidates: tuple[int, ...] = ()
-    #: The token of the caller's place, where a release may hand it a row (``hands_off``);
-    #: '' for a place that takes no hand-off.
-    token: str = ""
-    #: Read the grant a release handed to this place (``claim_handed``) instead of running a
-    #: grant statement: the release told the waiter so (``row``: the row it named, 0 if not
-    #: known), or the place was found gone.
-    claim: bool = False
-    row: int = 0
-    #: When (monotonic) the caller sent the ENTER_LINE that took this place: a grant a release
-    #: handed it lasts at least its ttl from then (RELEASE).
-    entered_at: float = 0.0
-    #: What the release said it granted (its NOTIFY, ``hands_off`` vendors), or None: the
-    #: claim reads the grant.
-    handed: tuple[Any, ...] | None = None
-
-    def claiming(self, row: int = 0, handed: tuple[Any, ...] | None = None) -> Turn:
-        """This turn, taking the grant a release may have handed its place (the row ``row``;
-        ``handed``: what the release said it granted, else it is read)."""
-        return replace(self, claim=True, row=row, candidates=(), handed=handed)
 
     def trying(self, candidates: tuple[int, ...]) -> Turn:
         """This turn, with the rows its look saw free to try first."""

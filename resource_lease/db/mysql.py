@@ -27,12 +27,13 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.base import DEFERRED
 
-from resource_lease.db import NOW_SQL, galera, statements
 from resource_lease.db import counters as counter_sql
 from resource_lease.db import dispenser as item_sql
+from resource_lease.db import galera, statements
 from resource_lease.db import terms as term_sql
 from resource_lease.db import topics as topic_sql
 from resource_lease.db.base import Dialect, Failure, Row
+from resource_lease.db.clock import NOW_SQL
 from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.db.statements import Returning
 

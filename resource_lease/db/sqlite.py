@@ -5,8 +5,8 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from resource_lease.db import NOW_SQL
 from resource_lease.db.base import Dialect, Failure
+from resource_lease.db.clock import NOW_SQL
 from resource_lease.db.statements import Returning
 
 # The acquire: one writer at a time, so the subquery's row is still free when the UPDATE

@@ -20,9 +20,9 @@ from resource_lease.holder.config import HolderConfig
 from resource_lease.holder.steps import HolderSteps
 from resource_lease.lease import Lease, default_holder, safety_margin
 from resource_lease.line import Line, wait_in_line
+from resource_lease.line.wakeups import Waker
 from resource_lease.models import Resource
 from resource_lease.validation import check_holder
-from resource_lease.wakeups import Waker
 
 logger = logging.getLogger("resource_lease")
 

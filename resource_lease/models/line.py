@@ -19,7 +19,7 @@ from typing import ClassVar
 from django.db import models
 from django.db.models import DurationField, ExpressionWrapper, F
 
-from resource_lease.db import DbNow
+from resource_lease.db.clock import DbNow
 
 
 class WaiterQuerySet(models.QuerySet["Waiter"]):

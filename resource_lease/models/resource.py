@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from django.db import models
 from django.db.models import Case, CharField, DurationField, ExpressionWrapper, F, Q, Value, When
 
-from resource_lease.db import DbNow
+from resource_lease.db.clock import DbNow
 from resource_lease.db.json_text import ExactEncoder
 
 #: ``busy_before`` of a resource that was never leased: long past, so it is free.

@@ -4,7 +4,7 @@ A recipe (kazoo's and Curator's word) is a coordination pattern written on top o
 shared engine pieces: rows created on demand and leased like a resource
 (``resource_lease.named``), the grant and its ``Lease`` (``resource_lease.lease``), the one
 renewal step and its failure policy (``resource_lease.renewal``) and the one wait-for-a-grant
-loop (``resource_lease.waiting``). The dispenser and the notifications have tables of their own,
+loop (``resource_lease.backoff``). The dispenser and the notifications have tables of their own,
 with their statements in ``resource_lease/db/`` (``dispenser.py``, ``topics.py``).
 
 =================  ================================================================

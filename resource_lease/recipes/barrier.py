@@ -30,13 +30,13 @@ from collections.abc import Callable
 from typing import Any
 
 from resource_lease import named
+from resource_lease.backoff import wait_for
 from resource_lease.doorbell import Doorbell
 from resource_lease.exceptions import BarrierTimeout, LeaseError, MemberTaken
 from resource_lease.lease import Lease
 from resource_lease.models import Resource
 from resource_lease.recipes.groups import check_member, member_row
-from resource_lease.validation import Options, check_name, check_timeout
-from resource_lease.waiting import wait_for
+from resource_lease.validation import Options, check_name, check_timeout, resolve_using
 
 logger = logging.getLogger("resource_lease")
 
@@ -305,8 +305,10 @@ class DoubleBarrier:
 _PENDING: Any = object()
 
 
-def barriers(using: str = "default") -> list[dict[str, Any]]:
-    """Every barrier's state for operators: round, cohort, who of it is inside, who waits."""
+def barriers(using: str | None = None) -> list[dict[str, Any]]:
+    """Every barrier's state for operators: round, cohort, who of it is inside, who waits
+    (``using``: default the lease database, ``RESOURCE_LEASE["DATABASE"]``)."""
+    using = resolve_using(using)
     result = []
     controls = {r.name: r for r in Resource.objects.using(using).filter(kind=CONTROL_KIND)}
     kinds = Resource.objects.using(using).filter(kind__startswith=member_kind("")).values_list("kind", flat=True)

@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
-from resource_lease.aio import async_twin
 from resource_lease.db.operations import ops
 from resource_lease.db.topics import channel
 from resource_lease.models import ConfigEntry
+from resource_lease.offload import async_twin
 from resource_lease.recipes.notifications import POLL, check_poll, decode_json
 from resource_lease.validation import (
     check_callable,

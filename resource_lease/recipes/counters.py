@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from resource_lease.db.counters import BIGINT_MAX, BIGINT_MIN
 from resource_lease.db.operations import ops
+from resource_lease.offload import in_thread
 from resource_lease.validation import check_name, refuse_inside_single_writer_transaction, resolve_using
 
 
@@ -59,13 +60,11 @@ class Counter:
 
     async def aadd(self, n: int = 1) -> int:
         """``add()`` for async code."""
-        from resource_lease.aio import in_thread
 
         return await in_thread(self.add, n)
 
     async def avalue(self) -> int:
         """``value()`` for async code."""
-        from resource_lease.aio import in_thread
 
         return await in_thread(self.value)
 

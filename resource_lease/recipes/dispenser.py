@@ -15,14 +15,14 @@ from typing import Any
 
 from django.db.models import Count, Q
 
-from resource_lease.aio import async_twin
 from resource_lease.conf import lease_settings
-from resource_lease.db import DbNow
 from resource_lease.db import dispenser as item_sql
+from resource_lease.db.clock import DbNow
 from resource_lease.db.connections import database_errors
 from resource_lease.db.operations import ops
 from resource_lease.doorbell import Doorbell
 from resource_lease.models import DispenserItem
+from resource_lease.offload import async_twin
 from resource_lease.validation import check_json, check_name, check_text, resolve_ttl, resolve_using
 
 logger = logging.getLogger("resource_lease")

@@ -22,13 +22,14 @@ from collections.abc import Callable
 from typing import Any
 
 from resource_lease import named
-from resource_lease.aio import async_twin
 from resource_lease.conf import lease_settings
 from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseError, LeaseLost, NoResourceAvailable
 from resource_lease.keeper import dispatch, keeper
 from resource_lease.lease import Lease, process_identity
 from resource_lease.line import Line, Wait
+from resource_lease.line.aio import arun
+from resource_lease.offload import async_twin
 from resource_lease.recipes.notifications import POLL, check_poll
 from resource_lease.recipes.observing import LeadershipFeed, OnChange, observe, observers_channel
 from resource_lease.renewal import renewer
@@ -114,7 +115,7 @@ class Election:
 
     async def acampaign(self, timeout: float | None = None) -> Lease:
         """``campaign()`` for async code: waits without blocking the event loop."""
-        from resource_lease.aio import arun, in_thread
+        from resource_lease.offload import in_thread
 
         return await arun(await in_thread(self._campaigning, timeout))
 
@@ -150,7 +151,7 @@ class Election:
             timeout=wait,
             holder=self.holder,
             ttl=self.ttl,
-            handoff=True,
+            make=self._row.making(),
         )
 
     def _grant_once(self, *, auto_renew: bool) -> Lease | None:

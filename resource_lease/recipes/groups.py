@@ -24,11 +24,19 @@ from types import TracebackType
 from typing import Any, overload
 
 from resource_lease import named
-from resource_lease.aio import async_twin
+from resource_lease.backoff import wait_for
 from resource_lease.exceptions import MemberTaken
 from resource_lease.lease import Lease, process_identity
-from resource_lease.validation import Options, check_callable, check_json_dict, check_name, check_seconds, check_timeout
-from resource_lease.waiting import wait_for
+from resource_lease.offload import async_twin, in_thread
+from resource_lease.validation import (
+    Options,
+    check_callable,
+    check_json_dict,
+    check_name,
+    check_seconds,
+    check_timeout,
+    resolve_using,
+)
 from resource_lease.watching import Watch
 
 logger = logging.getLogger("resource_lease")
@@ -189,8 +197,6 @@ class Group:
         _, released = self._row.stop()
         return released
 
-    close = leave
-
     aleave = async_twin(leave)
 
     def __enter__(self) -> Group:
@@ -269,7 +275,6 @@ class Group:
 
     async def aowned(self, keys: Iterable[Key]) -> list[Key]:
         """``owned()`` for async code."""
-        from resource_lease.aio import in_thread
 
         return await in_thread(self.owned, list(keys))
 
@@ -295,8 +300,10 @@ class Group:
         return watch.start()
 
 
-def groups(using: str = "default") -> list[dict[str, Any]]:
-    """Every group with its live members (sorted), their data, holder and expiry, for operators."""
+def groups(using: str | None = None) -> list[dict[str, Any]]:
+    """Every group with its live members (sorted), their data, holder and expiry, for operators
+    (``using``: default the lease database, ``RESOURCE_LEASE["DATABASE"]``)."""
+    using = resolve_using(using)
     from resource_lease.models import Resource
 
     prefix = named.row_kind("group", "")

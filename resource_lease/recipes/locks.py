@@ -25,8 +25,10 @@ from resource_lease import named
 from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseLost, LockHeld
-from resource_lease.lease import Lease, OnLost, attempt_grant, default_holder, granted
+from resource_lease.lease import Lease, OnLost, attempt_grant, default_holder, granted, making
 from resource_lease.line import Line, Wait, waiters
+from resource_lease.line.aio import awaits
+from resource_lease.line.threads import runs
 from resource_lease.models import Resource
 from resource_lease.validation import (
     Options,
@@ -94,7 +96,7 @@ class LockCall:
         options.refuse_in_transaction(what)
 
 
-def lock(
+def locking(
     name: str,
     *,
     ttl: float | None = None,
@@ -105,7 +107,7 @@ def lock(
     on_lost: OnLost | None = None,
     priority: int = 0,
     lock_delay: float = 0.0,
-) -> Lease:
+) -> Wait[Lease]:
     """Take the named lock ``name`` for ``ttl`` seconds (default: the ``RESOURCE_LEASE`` TTL).
 
     Returns the same ``Lease`` as ``acquire()`` (a context manager that releases on exit),
@@ -120,34 +122,10 @@ def lock(
     ``LockHeld`` naming the holder and its expiry by the database's clock. Not reentrant. Bad
     arguments: ``ValueError``, nothing written. The lock's row is created on first use,
     race-safely.
+
+    ``locking`` checks the arguments and builds the wait that ``lock`` runs in this thread
+    and ``alock`` awaits: one signature for the three.
     """
-    return locking(
-        name,
-        ttl=ttl,
-        timeout=timeout,
-        holder=holder,
-        using=using,
-        auto_renew=auto_renew,
-        on_lost=on_lost,
-        priority=priority,
-        lock_delay=lock_delay,
-    ).run()
-
-
-def locking(
-    name: str,
-    *,
-    ttl: float | None = None,
-    timeout: float | None = 0,
-    holder: str | None = None,
-    using: str | None = None,
-    auto_renew: bool = True,
-    on_lost: OnLost | None = None,
-    priority: int = 0,
-    lock_delay: float = 0.0,
-) -> Wait[Lease]:
-    """``lock()``'s arguments, checked (``ValueError``, nothing written), as the wait that
-    ``lock()`` runs and ``aio.alock`` awaits."""
     name = check_name(name)
     call = LockCall(
         ttl=ttl,
@@ -184,38 +162,8 @@ def locking(
     return _wait(Line(call.using, LOCK_KIND, name), attempt, refusal, call=call, what=f"lock {name!r}", name=name)
 
 
-def semaphore(
-    name: str,
-    slots: int,
-    *,
-    ttl: float | None = None,
-    timeout: float | None = 0,
-    holder: str | None = None,
-    using: str | None = None,
-    auto_renew: bool = True,
-    on_lost: OnLost | None = None,
-    priority: int = 0,
-    lock_delay: float = 0.0,
-) -> Lease:
-    """Take one of ``slots`` slots of the semaphore ``name``: at most ``slots`` holders at once.
-
-    The arguments and the returned ``Lease`` are ``lock()``'s; the fence is per slot. Each
-    call puts its own ``slots`` in force for new grants: slots above it are not granted again
-    once their holders release them, and new ones are created as needed. When every slot is
-    held past the timeout: ``LockHeld`` naming the holder whose slot frees first.
-    """
-    return semaphoring(
-        name,
-        slots,
-        ttl=ttl,
-        timeout=timeout,
-        holder=holder,
-        using=using,
-        auto_renew=auto_renew,
-        on_lost=on_lost,
-        priority=priority,
-        lock_delay=lock_delay,
-    ).run()
+lock = runs(locking, "lock")
+alock = awaits(locking, "alock")
 
 
 def semaphoring(
@@ -231,9 +179,16 @@ def semaphoring(
     priority: int = 0,
     lock_delay: float = 0.0,
 ) -> Wait[Lease]:
-    """``semaphore()``'s arguments, checked (``ValueError``, nothing written), as the wait that
-    ``semaphore()`` runs and ``aio.asemaphore`` awaits. The slot rows are created (and the
-    slot count put in force) here."""
+    """Take one of ``slots`` slots of the semaphore ``name``: at most ``slots`` holders at once.
+
+    The arguments and the returned ``Lease`` are ``lock()``'s; the fence is per slot. Each
+    call puts its own ``slots`` in force for new grants: slots above it are not granted again
+    once their holders release them, and new ones are created as needed. When every slot is
+    held past the timeout: ``LockHeld`` naming the holder whose slot frees first.
+
+    ``semaphoring`` checks the arguments, creates the slot rows (and puts the slot count in
+    force), and builds the wait that ``semaphore`` runs and ``asemaphore`` awaits.
+    """
     name = check_name(name)
     slots = _check_slots(slots)
     call = LockCall(
@@ -295,6 +250,10 @@ def semaphoring(
         )
 
     return _wait(Line(call.using, kind), attempt, refusal, call=call, what=f"semaphore {name!r}", name=name)
+
+
+semaphore = runs(semaphoring, "semaphore")
+asemaphore = awaits(semaphoring, "asemaphore")
 
 
 def _held(what: str, *, name: str, kind: str, row: Resource, timeout: float | None) -> LockHeld:
@@ -371,7 +330,9 @@ def _wait(
         holder=call.holder,
         ttl=call.ttl,
         priority=call.priority,
-        handoff=not call.lock_delay,
+        make=None
+        if call.lock_delay
+        else making(holder=call.holder, ttl=call.ttl, alias=call.using, on_lost=call.on_lost),
     )
 
 
@@ -389,7 +350,7 @@ def synchronized(
     grant is still ours (another holder's lock is never released). If the lock was lost while
     the function ran (its release finds the grant gone), ``LeaseLost`` is raised after it
     returns: its work was not exclusive. On a coroutine function the lock is held across its
-    awaits and taken and given back without blocking the event loop (``aio.alock``).
+    awaits and taken and given back without blocking the event loop (``alock``).
     """
     if not isinstance(key, str) or not key:
         raise ValueError(f"key must be a non-empty string, got {key!r}")
@@ -421,8 +382,6 @@ def synchronized(
         if inspect.iscoroutinefunction(func):
             # A coroutine function holds the lock across its awaits, taken and given back
             # without blocking the event loop (resource_lease.aio).
-            from resource_lease.aio import alock
-
             @functools.wraps(func)
             async def coroutine_wrapper(*args: Any, **kwargs: Any) -> Any:
                 name = lock_name(args, kwargs)
@@ -487,4 +446,15 @@ def _check_fields(key: str, fields: list[str], signature: inspect.Signature) -> 
             raise ValueError(f"key {key!r}: {{{field}}} names no argument of the function")
 
 
-__all__ = ["LOCK_KIND", "MAX_SLOTS", "LockHeld", "lock", "semaphore", "semaphore_kind", "slot_name", "synchronized"]
+__all__ = [
+    "LOCK_KIND",
+    "MAX_SLOTS",
+    "LockHeld",
+    "alock",
+    "asemaphore",
+    "lock",
+    "semaphore",
+    "semaphore_kind",
+    "slot_name",
+    "synchronized",
+]

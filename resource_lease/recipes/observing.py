@@ -39,6 +39,7 @@ from resource_lease import named
 from resource_lease.db.operations import ops
 from resource_lease.db.terms import TERMS_READ
 from resource_lease.db.topics import channel
+from resource_lease.offload import in_thread
 from resource_lease.watching import Watch
 
 logger = logging.getLogger("resource_lease")
@@ -185,7 +186,6 @@ class LeadershipFeed:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        from resource_lease.aio import in_thread
 
         await in_thread(self.stop)
 

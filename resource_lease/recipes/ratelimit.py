@@ -20,13 +20,14 @@ import datetime as dt
 from typing import Any
 
 from resource_lease import named
-from resource_lease.aio import arun, in_thread
 from resource_lease.conf import lease_settings
 from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.db.operations import ops
 from resource_lease.exceptions import RateLimited
 from resource_lease.lease import Lease, attempt_grant, default_holder, granted, keep_until_expiry
 from resource_lease.line import Line, Wait
+from resource_lease.line.aio import arun
+from resource_lease.offload import in_thread
 from resource_lease.recipes.locks import MAX_SLOTS, slot_name
 from resource_lease.validation import Options, check_holder, check_name, check_priority, check_seconds, check_timeout
 

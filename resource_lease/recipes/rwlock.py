@@ -23,13 +23,14 @@ from typing import Any
 from django.db import transaction
 
 from resource_lease import named
-from resource_lease.db import DbNow
+from resource_lease.db.clock import DbNow
 from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.db.operations import Grant, Operations
 from resource_lease.db.rwlock_operations import grant_read, grant_write, reader_ops
 from resource_lease.exceptions import LeaseLost, LockHeld
-from resource_lease.lease import Lease, OnLost, attempt_grant, granted
+from resource_lease.lease import Lease, OnLost, attempt_grant, granted, making
 from resource_lease.line import Line, Wait, waiters
+from resource_lease.line.aio import Acquiring
 from resource_lease.models import Resource
 from resource_lease.recipes.locks import LockCall, delayed
 from resource_lease.validation import check_name
@@ -63,7 +64,7 @@ class ReadLease(Lease):
                 .exists()
             )
             if not current:
-                self._mark_lost("a fenced write found the read grant's period over")
+                self.mark_lost("a fenced write found the read grant's period over")
                 raise LeaseLost(f"{self!r}: {self.lost_reason}")
             yield
 
@@ -90,7 +91,7 @@ class RwLock:
 
     def reading(self, **lock_kwargs: Any) -> Wait[Lease]:
         """``read()``'s arguments, checked (``ValueError``, nothing written), as the wait that
-        ``read()`` runs and ``aio.arwlock(name).read`` awaits."""
+        ``read()`` runs and ``arwlock(name).read`` awaits."""
         return self._waiting(shared=True, **lock_kwargs)
 
     def writing(self, **lock_kwargs: Any) -> Wait[Lease]:
@@ -130,8 +131,7 @@ class RwLock:
         def attempt(turn: Turn = NEWCOMER) -> Lease | None:
             turn = turn.with_delay(call.lock_delay)
             statement = grant(kind, name, holder=call.holder, ttl=call.ttl, turn=turn)
-            if not turn.claim:
-                named.ensure(call.using, kind, [name])
+            named.ensure(call.using, kind, [name])
             lease = attempt_grant(
                 kind,
                 ttl=call.ttl,
@@ -142,8 +142,6 @@ class RwLock:
                 turn=turn,
                 lease_class=lease_class,
             )
-            if turn.claim:
-                return lease  # a write grant a release handed to our place, or none
             if lease is None and name not in named.read(call.using, kind, [name]).rows:
                 named.forget(call.using, kind, name)  # deleted by an operator: made again
             return lease
@@ -172,7 +170,9 @@ class RwLock:
             # A writer's release may hand the row to a writer first in line, in its own
             # statement (PostgreSQL's RELEASE: a write grant, readers 0, as lock()'s); a reader
             # is woken instead and joins the read period by its own grant.
-            handoff=not shared and not call.lock_delay,
+            make=None
+            if shared or call.lock_delay
+            else making(holder=call.holder, ttl=call.ttl, alias=call.using, on_lost=call.on_lost),
         )
 
     def _refusal(self, call: LockCall, *, shared: bool) -> LockHeld | None:
@@ -217,4 +217,29 @@ def rwlock(name: str) -> RwLock:
     return RwLock(name)
 
 
-__all__ = ["RWLOCK_KIND", "ReadLease", "RwLock", "rwlock"]
+class ARwLock:
+    """``rwlock(name)`` for async code: ``await arwlock(name).read(...)``, ``async with
+    arwlock(name).write(...) as lease``; the same ``Lease`` as the sync rwlock's."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<ARwLock {self.name!r}>"
+
+    def read(self, **kwargs: Any) -> Acquiring[Lease]:
+        """``rwlock(name).read()`` for async code."""
+        return Acquiring(lambda: RwLock(self.name).reading(**kwargs))
+
+    def write(self, **kwargs: Any) -> Acquiring[Lease]:
+        """``rwlock(name).write()`` for async code."""
+        return Acquiring(lambda: RwLock(self.name).writing(**kwargs))
+
+
+def arwlock(name: str) -> ARwLock:
+    """``rwlock()`` for async code: ``.read(...)`` and ``.write(...)`` are awaitable and async
+    context managers, taking ``lock()``'s keyword arguments."""
+    return ARwLock(name)
+
+
+__all__ = ["RWLOCK_KIND", "ARwLock", "ReadLease", "RwLock", "arwlock", "rwlock"]

@@ -34,7 +34,7 @@ def naive_try_grant(
     from django.db.models import F
 
     from resource_lease import named
-    from resource_lease.db import DbNow
+    from resource_lease.db.clock import DbNow
     from resource_lease.lease import Lease
     from resource_lease.models import Resource
 

@@ -63,7 +63,7 @@ def main() -> None:
 
             from django.db.models import F
 
-            from resource_lease.db import DbNow
+            from resource_lease.db.clock import DbNow
 
             pending = DispenserItem.objects.filter(dispenser=self.name, state="pending").order_by("id")
             ids = list(pending.values_list("id", flat=True)[:limit])

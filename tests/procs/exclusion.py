@@ -34,7 +34,7 @@ def naive_take(rows: Any, ttl: float, holder: str) -> tuple[int, int] | None:
     free and both take it. Returns (pk, fence), or None if none looked free."""
     from django.db.models import F
 
-    from resource_lease.db import DbNow
+    from resource_lease.db.clock import DbNow
     from resource_lease.models import Resource
 
     free = rows.filter(busy_before__lte=DbNow()).order_by("busy_before").first()
@@ -48,7 +48,7 @@ def naive_take(rows: Any, ttl: float, holder: str) -> tuple[int, int] | None:
 
 
 def naive_release(pk: int) -> None:
-    from resource_lease.db import DbNow
+    from resource_lease.db.clock import DbNow
     from resource_lease.models import Resource
 
     Resource.objects.filter(pk=pk).update(busy_before=DbNow(), grant_token="")

@@ -179,8 +179,7 @@ class Holder:
         if command == "clocks":
             return self.clocks()
         if command == "line_stats":
-            from resource_lease import leaving
-            from resource_lease.line import stats
+            from resource_lease.line import leaving, stats
 
             return stats.as_dict() | {"leaves_pending": leaving.pending()}
         raise ValueError(f"unknown command {command!r}")

@@ -84,13 +84,13 @@ def setup() -> None:
     if os.environ.get("FAULTS_NO_SETTLE"):
         _never_settle()
     if os.environ.get("FAULTS_READ_HANDED"):
-        import resource_lease.lease
+        import resource_lease.line.handoff
 
-        resource_lease.lease.HANDED_UNREAD_MIN = float("inf")
+        resource_lease.line.handoff.HANDED_UNREAD_MIN = float("inf")
     if os.environ.get("FAULTS_NO_LEAVE_RETRY"):
-        import resource_lease.leaving
+        import resource_lease.line.leaving
 
-        resource_lease.leaving.retry = lambda place: None  # type: ignore[assignment]
+        resource_lease.line.leaving.retry = lambda place: None  # type: ignore[assignment]
     if os.environ.get("FAULTS_HAND_OUT_LATE"):
         import resource_lease.lease
 

@@ -99,12 +99,13 @@ def serve_the_head_only() -> None:
 
 #: PostgreSQL's RELEASE before turns were told: a marked row's release NOTIFYs the line channel,
 #: which every process with a waiter listens on (the negative control of ``wakeups``). Its
-#: first parameter (the row's id, for today's hand-off) is bound and unused.
+#: first parameter (the row's id, for today's hand-off) is bound and unused; its answer has
+#: RELEASE's shape (processes woken, no place handed the row).
 HERD_RELEASE = (
     "WITH unused AS (SELECT CAST({p} AS bigint)), r AS (UPDATE {table} SET busy_before = {freed_at}, released_at = {now}, grant_token = ''"
     " WHERE {ours} RETURNING kind, name, line_until)"
-    " SELECT (SELECT pg_notify('{line_channel}', json_build_array(r.kind, r.name)::text)"
-    " WHERE r.line_until > {now}) FROM r"
+    " SELECT (SELECT COUNT(*) FROM (SELECT pg_notify('{line_channel}', json_build_array(r.kind, r.name)::text)"
+    " WHERE r.line_until > {now}) n), 0 FROM r"
 )
 
 
@@ -116,27 +117,26 @@ def wake_the_herd() -> None:
 
 
 def count_handed_from_the_take() -> None:
-    """The negative control of a handed grant's deadline (``lease.attempt_grant``): a grant a
+    """The negative control of a handed grant's deadline (``line.handoff.claim``): a grant a
     release handed to this process's place counts its ttl from when the waiter takes it, not
     from when it sent ENTER_LINE (the release may have been long before: the waiter was
     paused, or its NOTIFY late)."""
-    from dataclasses import replace
+    from resource_lease.line import handoff
 
-    from resource_lease.db.line import Turn
+    claim = handoff.claim
 
-    claiming = Turn.claiming
+    def at_the_take(place: Any, *args: Any, **kwargs: Any) -> Any:
+        place.entered_at = time.monotonic()
+        return claim(place, *args, **kwargs)
 
-    def at_the_take(self: Turn, row: int = 0, handed: tuple[Any, ...] | None = None) -> Turn:
-        return replace(claiming(self, row, handed), entered_at=time.monotonic())
-
-    Turn.claiming = at_the_take  # type: ignore[method-assign]
+    handoff.claim = at_the_take  # type: ignore[assignment]
 
 
 def trust_stale_marks() -> None:
-    from resource_lease import line
+    from resource_lease.line import places
 
-    line.fresh_mark = lambda line_, where, ttl, now: (  # type: ignore[assignment]
-        line._marks[line_].at if line_ in line._marks else None
+    places.fresh_mark = lambda line_, where, ttl, now: (  # type: ignore[assignment]
+        places._marks[line_].at if line_ in places._marks else None
     )
 
 
@@ -144,9 +144,10 @@ def record_places(places: list[dict[str, Any]], *, heard: bool = False) -> None:
     """Note every place this process takes (its id, and when the insert returned); ``heard``:
     say so only once a release's NOTIFY reaches this process (PostgreSQL's LISTEN is set up
     by its own thread, a moment after the first wait begins)."""
-    from resource_lease import line, wakeups
+    from resource_lease.line import places as line_places
+    from resource_lease.line import wakeups
 
-    enter = line._enter
+    enter = line_places.enter
 
     def entering(*args: Any, **kwargs: Any) -> Any:
         place = enter(*args, **kwargs)
@@ -157,7 +158,7 @@ def record_places(places: list[dict[str, Any]], *, heard: bool = False) -> None:
         emit("entered", **places[-1])
         return place
 
-    line._enter = entering  # type: ignore[assignment]
+    line_places.enter = entering  # type: ignore[assignment]
 
 
 def take(what: str, args: argparse.Namespace) -> Any:

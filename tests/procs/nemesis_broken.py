@@ -22,8 +22,8 @@ from typing import Any
 from django.db.models import F
 
 from resource_lease import Dispenser, WorkItem
-from resource_lease.db import DbNow
 from resource_lease.db.base import Dialect
+from resource_lease.db.clock import DbNow
 from resource_lease.models import DispenserItem
 from resource_lease.recipes import barrier
 

@@ -20,15 +20,15 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import Error as DjangoDatabaseError
 
-from resource_lease.conf import lease_settings
 from resource_lease.db.connections import database_error
 from resource_lease.exceptions import LeaseDatabaseError
 from resource_lease.shutdown import install_sigterm_handler
+from resource_lease.validation import resolve_using
 
 
 class LeaseCommand(BaseCommand):
     def execute(self, *args: Any, **options: Any) -> str | None:
-        alias = str(options.get("database") or lease_settings.DATABASE)
+        alias = resolve_using(options.get("database") or None, "--database")
         try:
             return super().execute(*args, **options)
         except (DjangoDatabaseError, LeaseDatabaseError) as exc:

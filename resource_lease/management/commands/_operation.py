@@ -16,7 +16,6 @@ from django.core.management.base import CommandError, CommandParser
 from django.db.models import QuerySet
 
 from resource_lease.audit import acting_as
-from resource_lease.conf import lease_settings
 from resource_lease.display import current_holder, with_display_state
 from resource_lease.management.commands._arguments import (
     database_argument,
@@ -26,6 +25,7 @@ from resource_lease.management.commands._arguments import (
 )
 from resource_lease.management.commands._base import LeaseCommand
 from resource_lease.models import Resource
+from resource_lease.validation import resolve_using
 
 #: Names listed in the text report; the rest are counted (--json lists all).
 SHOWN = 50
@@ -114,7 +114,7 @@ class OperationCommand(LeaseCommand):
         verbosity: int = 1,
         **options: Any,
     ) -> None:
-        using = database or str(lease_settings.DATABASE)
+        using = resolve_using(database or None, "--database")
         selected = self.select(kind, names, using)
         rows: list[Any] = list(with_display_state(selected).order_by("name"))
         affected = set(self.affected(selected).values_list("pk", flat=True))

@@ -13,9 +13,9 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import IntegrityError, transaction
 
 from resource_lease import seeding
-from resource_lease.conf import lease_settings
 from resource_lease.management.commands._arguments import database_argument, kind_argument
 from resource_lease.management.commands._base import LeaseCommand
+from resource_lease.validation import resolve_using
 
 #: Bad entries shown in the error; the rest are counted.
 SHOWN_ERRORS = 20
@@ -105,7 +105,7 @@ class SeedCommand(LeaseCommand):
         verbosity: int = 1,
         **options: Any,
     ) -> None:
-        using = database or str(lease_settings.DATABASE)
+        using = resolve_using(database or None, "--database")
         stdin: IO[Any] = options.get("stdin") or sys.stdin
         progress = Progress(self.stderr, enabled=verbosity >= 1 and not as_json and self.stderr.isatty())
 

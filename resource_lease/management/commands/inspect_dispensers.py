@@ -12,13 +12,13 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db.models import Count, Min
 
-from resource_lease.conf import lease_settings
-from resource_lease.db import DbNow
+from resource_lease.db.clock import DbNow
 from resource_lease.management.commands._arguments import database_argument
 from resource_lease.management.commands._base import LeaseCommand
 from resource_lease.models import DispenserItem
 from resource_lease.pool import database_now
 from resource_lease.recipes.dispenser import dispenser_counts
+from resource_lease.validation import resolve_using
 
 STATES = ("pending", "assigned", "done", "failed")
 
@@ -32,7 +32,7 @@ class Command(LeaseCommand):
         parser.add_argument("--database", type=database_argument, default=None, help="database alias")
 
     def handle(self, *args: Any, dispenser: str | None, as_json: bool, database: str | None, **options: Any) -> None:
-        using = database or str(lease_settings.DATABASE)
+        using = resolve_using(database or None, "--database")
         counts = dispenser_counts(using, name=dispenser)
         if dispenser is not None and not counts:
             names = DispenserItem.objects.using(using).values_list("dispenser", flat=True)

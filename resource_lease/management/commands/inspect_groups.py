@@ -13,11 +13,11 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from resource_lease.conf import lease_settings
 from resource_lease.management.commands._arguments import database_argument
 from resource_lease.management.commands._base import LeaseCommand
 from resource_lease.recipes.barrier import barriers
 from resource_lease.recipes.groups import groups
+from resource_lease.validation import resolve_using
 
 
 def _iso(value: dt.datetime) -> str:
@@ -34,7 +34,7 @@ class Command(LeaseCommand):
         )
 
     def handle(self, *args: Any, as_json: bool, database: str | None, **options: Any) -> None:
-        using = database or str(lease_settings.DATABASE)
+        using = resolve_using(database or None, "--database")
         group_list = groups(using)
         barrier_list = barriers(using)
         if as_json:

@@ -15,12 +15,12 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from resource_lease.conf import lease_settings
 from resource_lease.display import current_holder, format_duration, lock_delay_until, with_display_state
 from resource_lease.management.commands._arguments import database_argument
 from resource_lease.management.commands._base import LeaseCommand
 from resource_lease.models import COORDINATION_PREFIX, ElectionRow, LockRow, Resource, RwLockRow, SemaphoreSlot
 from resource_lease.pool import DISABLED, HELD, database_now
+from resource_lease.validation import resolve_using
 
 SEMAPHORE_PREFIX = f"{COORDINATION_PREFIX}semaphore:"
 RATE_LIMIT_PREFIX = f"{COORDINATION_PREFIX}ratelimit:"
@@ -109,7 +109,7 @@ class Command(LeaseCommand):
         )
 
     def handle(self, *args: Any, as_json: bool, database: str | None, **options: Any) -> None:
-        data = report(database or str(lease_settings.DATABASE))
+        data = report(resolve_using(database or None, "--database"))
         if as_json:
             self.stdout.write(json.dumps(data, indent=2))
             return

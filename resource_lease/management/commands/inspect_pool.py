@@ -31,7 +31,7 @@ from resource_lease.management.commands._arguments import (
 )
 from resource_lease.management.commands._base import LeaseCommand
 from resource_lease.pool import QUARANTINED, STATES, counts, database_now, waiting
-from resource_lease.validation import where_matches
+from resource_lease.validation import resolve_using, where_matches
 
 COLUMNS = ("KIND", "NAME", "STATE", "HOLDER", "FENCE", "LEASE LEFT", "HEALTH", "URL", "NOTE")
 WIDEST = {"NAME": 40, "HOLDER": 40, "URL": 60, "NOTE": 60}
@@ -115,7 +115,7 @@ class Command(LeaseCommand):
         where: list[tuple[str, Any]] | None = None,
         **options: Any,
     ) -> None:
-        using = database or str(lease_settings.DATABASE)
+        using = resolve_using(database or None, "--database")
         self.where = dict(where or [])
         if len(self.where) != len(where or []):
             raise CommandError("--where names a key twice")

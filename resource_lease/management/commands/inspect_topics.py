@@ -13,10 +13,10 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from resource_lease.conf import lease_settings
 from resource_lease.management.commands._arguments import database_argument
 from resource_lease.management.commands._base import LeaseCommand
 from resource_lease.models import ConfigEntry, Counter, Topic
+from resource_lease.validation import resolve_using
 
 SHORT = 60
 
@@ -55,7 +55,7 @@ class Command(LeaseCommand):
         database: str | None,
         **options: Any,
     ) -> None:
-        using = database or str(lease_settings.DATABASE)
+        using = resolve_using(database or None, "--database")
         topics = Topic.objects.using(using).order_by("name")
         configs = ConfigEntry.objects.using(using).order_by("namespace", "key")
         if topic is not None:

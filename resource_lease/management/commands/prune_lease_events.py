@@ -13,10 +13,11 @@ from django.core.management.base import CommandParser
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, Value
 
 from resource_lease.conf import lease_settings
-from resource_lease.db import DbNow
+from resource_lease.db.clock import DbNow
 from resource_lease.management.commands._arguments import database_argument, positive_days_argument
 from resource_lease.management.commands._base import LeaseCommand
 from resource_lease.models import LeaseEvent
+from resource_lease.validation import resolve_using
 
 BATCH = 5000
 
@@ -34,7 +35,7 @@ class Command(LeaseCommand):
         )
 
     def handle(self, *args: Any, days: float | None, dry_run: bool, database: str | None, **options: Any) -> None:
-        using = database or str(lease_settings.DATABASE)
+        using = resolve_using(database or None, "--database")
         days = float(lease_settings.AUDIT_RETENTION_DAYS) if days is None else days
         age = Value(dt.timedelta(days=days), output_field=DurationField())
         # The cutoff by the database's clock, like everything else the app judges by time

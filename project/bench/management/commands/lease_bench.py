@@ -129,8 +129,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--before",
             metavar="PATH",
-            help="waiting scenario: also measure the resource_lease of this checkout (e.g. `git worktree add "
-            "/tmp/before 70ca3fa`), its workers importing it instead, as 'before'",
+            help="cycle and waiting scenarios: also measure the resource_lease of this checkout (e.g. `git worktree"
+            " add /tmp/turn3 70ca3fa`, the last accepted state), its workers importing it instead, as 'before'",
         )
         parser.add_argument(
             "--waiting-seconds", type=_positive_float, help="waiting scenario: seconds per window (default 5)"

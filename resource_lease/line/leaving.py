@@ -25,11 +25,11 @@ from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseDatabaseError
 from resource_lease.forking import at_fork
 from resource_lease.keeper import keeper
-from resource_lease.line_stats import stats
-from resource_lease.wakeups import after_release, board
+from resource_lease.line.counters import stats
+from resource_lease.line.wakeups import after_release, board
 
 if TYPE_CHECKING:
-    from resource_lease.line import Place
+    from resource_lease.line.places import Place
 
 logger = logging.getLogger("resource_lease")
 
@@ -51,6 +51,15 @@ def leave(place: Place, *, gone: bool = False) -> bool | None:
     except LeaseDatabaseError as exc:
         logger.warning("could not leave line %s (the keeper tries again): %s", place.line, exc)
         return None
+
+
+def leave_at_exit(place: Place) -> bool:
+    """Leave the line as the process gives back what it holds; a grant a release handed to
+    the place meanwhile is given back too. Whether the place was there to delete."""
+    there = leave(place)
+    if place.token and not there and give_back_handed(place) is None:
+        logger.warning("%r: a grant handed to it may stay held until its ttl", place)
+    return bool(there)
 
 
 def give_back_handed(place: Place, *, retrying: bool = False) -> bool | None:

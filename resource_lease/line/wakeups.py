@@ -202,6 +202,15 @@ def board() -> Board:
     return _board
 
 
+def release(engine: Any, alias: str, kind: str, name: str, *, pk: int, holder: str, fence: int) -> bool:
+    """Give a grant of this process back (``engine.release_to_line``: a lease's operations)
+    and wake the waiters of this process it may serve (``after_release``); whether it was
+    released (or handed to a place in line). The hand-off stays the line's business."""
+    released, handed_to = engine.release_to_line(pk=pk, holder=holder, fence=fence)
+    after_release(alias, kind, name, pk, released=released, handed_to=handed_to)
+    return bool(released)
+
+
 def after_release(alias: str, kind: str, name: str, pk: int, *, released: bool, handed_to: int) -> None:
     """This process released the row ``pk`` (``kind``, ``name``): if the release handed it to
     a place in line (``handed_to``), nothing is free for the others, and a waiter of this

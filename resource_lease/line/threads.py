@@ -1,0 +1,233 @@
+"""The thread driver of a wait in line (``wait_in_line``), and ``Wait``: a checked call that
+waits in a line, run in a thread (``Wait.run``) or awaited (``line.aio.arun``)."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, runtime_checkable
+
+from resource_lease import metrics
+from resource_lease.db.line import NEWCOMER, Turn
+from resource_lease.exceptions import DatabaseUnavailable
+from resource_lease.line.counters import stats
+from resource_lease.line.handoff import Make
+from resource_lease.line.places import Line
+from resource_lease.line.steps import Attempt, Call, Claim, Pause, Waiting
+from resource_lease.line.wakeups import Waker
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
+@runtime_checkable
+class Grant(Protocol):
+    """What a wait in line grants (a ``Lease``, an rwlock's ``ReadLease``): given back if it
+    came too late (``in_time``) or to a caller cancelled meanwhile (``line.aio``)."""
+
+    def given_back_late(self, *, after: str) -> bool: ...
+
+    def release(self) -> bool: ...
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+def wait_in_line(
+    line: Line,
+    attempt: Callable[[Turn], T | None],
+    *,
+    timeout: float | None,
+    holder: str,
+    ttl: float,
+    priority: int = 0,
+    where: str | None = None,
+    waker: Waker | None = None,
+    shared: bool = False,
+    make: Make[T] | None = None,
+) -> T | None:
+    """Call ``attempt(turn)`` until it grants (returns something other than None) or
+    ``timeout`` seconds (None: for ever; 0: one attempt as a newcomer) have passed; then None.
+
+    ``attempt`` runs the grant statement with the caller's ``turn`` in ``line`` (a newcomer
+    first, then its place). ``where`` is the caller's filter as the dialect encoded it
+    (``Dialect.encode_where``), for its looks. ``waker``: pass one to be able to interrupt the
+    wait (``waker.wake()``; the next ``attempt`` then raises). ``shared``: the caller is a
+    reader of an rwlock (its place lets readers behind it be served with it; only writers
+    ahead of it count). ``make``: a release may hand the caller's place its row where the
+    database can; the line takes that grant (``line.handoff``) and ``make`` makes the caller's
+    grant of the row (``Wait.make``). Exceptions propagate at once, and the place is left on
+    the way out.
+
+    A grant that is past its local deadline once the place has been left (a hung node held
+    that statement up) is given back, and the wait goes on while its timeout lasts
+    (``in_time``).
+    """
+    if timeout == 0:
+        # One attempt as a newcomer: what ``Waiting.steps`` does for it (no place, nothing to
+        # listen to or leave; a statement that could not connect raises at once), without the
+        # Waker, the steps and their driver, which a caller nobody waits for need not pay for.
+        grant = attempt(NEWCOMER)
+        if grant is None:
+            return None
+        stats.at_once += 1
+        return in_time(grant)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        grant = _wait_once(
+            line,
+            attempt,
+            timeout=timeout,
+            holder=holder,
+            ttl=ttl,
+            priority=priority,
+            where=where,
+            waker=waker,
+            shared=shared,
+            make=make,
+        )
+        if grant is None or in_time(grant) is not None:
+            return grant
+        timeout = left(deadline)
+        if timeout is not None and timeout <= 0.0:
+            return None
+
+
+def in_time(grant: T) -> T | None:
+    """``grant`` if it may still go to its caller once its wait has ended, else None: one
+    past its local deadline by then is given back (``Lease.given_back_late``)."""
+    late = grant.given_back_late(after="the grant, with leaving the line after it,")  # type: ignore[attr-defined]
+    return None if late else grant
+
+
+def left(deadline: float | None) -> float | None:
+    """Seconds to ``deadline`` (None: no deadline)."""
+    return None if deadline is None else deadline - time.monotonic()
+
+
+def _wait_once(
+    line: Line,
+    attempt: Callable[[Turn], T | None],
+    *,
+    timeout: float | None,
+    holder: str,
+    ttl: float,
+    priority: int,
+    where: str | None,
+    waker: Waker | None,
+    shared: bool,
+    make: Make[T] | None,
+) -> T | None:
+    waiting = Waiting(
+        line,
+        timeout=timeout,
+        holder=holder,
+        ttl=ttl,
+        priority=priority,
+        where=where,
+        waker=Waker() if waker is None else waker,
+        shared=shared,
+        make=make,
+    )
+    steps = waiting.steps()
+    try:
+        step = next(steps)
+        while True:
+            try:
+                if isinstance(step, Attempt):
+                    value: Any = attempt(step.turn)
+                elif isinstance(step, Claim):
+                    value = waiting.claim(step)
+                elif isinstance(step, Call):
+                    value = step.run()
+                else:
+                    value = waiting.waker.wait(step.seconds)
+            except DatabaseUnavailable as exc:
+                pause = waiting.unavailable(exc)
+                if pause is None:
+                    raise
+                waiting.waker.wait(pause)
+                continue  # the same step again: it never reached the database
+            if not isinstance(step, Pause):
+                waiting.answered()
+            step = steps.send(value)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    finally:
+        steps.close()
+        waiting.cleanup()
+
+
+def runs(build: Callable[P, Wait[T]], name: str) -> Callable[P, T]:
+    """The entry point ``name``, from the one function that checks its arguments and builds
+    its wait (``acquire = runs(acquiring, "acquire")``): the same signature and docstring,
+    run in this thread."""
+
+    def entry(*args: P.args, **kwargs: P.kwargs) -> T:
+        return build(*args, **kwargs).run()
+
+    # Tracebacks, and the error for a call made on an event loop (which names the outermost
+    # frame of this library), say ``acquire``, not ``runs.<locals>.entry``.
+    entry.__code__ = entry.__code__.replace(co_name=name, co_qualname=name)
+    functools.update_wrapper(entry, build)
+    entry.__name__ = entry.__qualname__ = name
+    return entry
+
+
+@dataclass
+class Wait(Generic[T]):
+    """A checked call that waits in a line for a grant: ``acquire()``, ``lock()``,
+    ``semaphore()`` build one (``lease.acquiring``, ``recipes.locks.locking``, ...) and ``run()``
+    it; ``resource_lease.aio`` awaits the same one without blocking the event loop.
+
+    ``attempt(turn)`` is one grant statement with the caller's turn; ``conclude(grant)``
+    turns the outcome of the wait (a grant, or None when the timeout ran out) into the
+    answer: announce and renew a grant, or raise the refusal (it may read the database, and
+    try once more if what it would name was let go meanwhile)."""
+
+    line: Line
+    attempt: Callable[[Turn], T | None]
+    conclude: Callable[[T | None], T]
+    timeout: float | None
+    holder: str
+    ttl: float
+    priority: int = 0
+    where: str | None = None
+    #: A reader of an rwlock (``wait_in_line``'s ``shared``).
+    shared: bool = False
+    #: How the caller makes its grant of a row a release handed to its place in its own
+    #: statement, where the database can (PostgreSQL): the line takes the grant
+    #: (``line.handoff``), and nobody else sees it. None: the place takes no hand-off (a grant
+    #: with a lock delay, which the hand-off does not write; a reader of an rwlock).
+    make: Make[T] | None = None
+
+    def run(self, waker: Waker | None = None) -> T:
+        """Wait in this thread; the answer of ``conclude``. The wait is measured
+        (``metrics.waiting``: its time and outcome, and the grant's ``waited``)."""
+        with metrics.waiting(self.line.kind, using=self.line.alias, holder=self.holder) as measured:
+            grant = wait_in_line(
+                self.line,
+                self.attempt,
+                timeout=self.timeout,
+                holder=self.holder,
+                ttl=self.ttl,
+                priority=self.priority,
+                where=self.where,
+                waker=waker,
+                shared=self.shared,
+                make=self.make,
+            )
+            return self.finish(grant, measured)
+
+    def finish(self, grant: T | None, measured: metrics.Wait) -> T:
+        """``conclude`` the wait, the grant's time recorded before it is announced."""
+        if grant is not None:
+            measured.granted(grant)  # type: ignore[arg-type]
+        answer = self.conclude(grant)
+        if answer is not grant:
+            measured.granted(answer)  # type: ignore[arg-type]  # a late attempt's grant
+        return answer
