@@ -326,11 +326,11 @@ def report(lease: Any, outcome: str, retry_after: float | None) -> Health:
     return health
 
 
-def retire_due(lease: Any) -> bool:
-    """After a grant: retire its resource if the policy says it is due (``max_uses`` grants,
+def retire_due(lease: Any, policy: Policy) -> bool:
+    """After a grant: retire its resource if ``policy`` (its kind's, read before the wait:
+    nothing is read between a grant and its use) says it is due (``max_uses`` grants,
     ``max_age`` seconds old). True if the grant itself is past the policy (granted after its
     resource was due: the caller gives it back); the ``max_uses``-th grant is kept."""
-    policy = policy_of(lease.using, lease.kind)
     if not policy.retires():
         return False
     max_uses = _NO_MAX_USES if policy.max_uses is None else policy.max_uses

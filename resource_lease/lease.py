@@ -502,6 +502,7 @@ def acquiring(
     delay = check_seconds(lock_delay, "lock_delay", allow_zero=True)
     options.refuse_in_transaction("acquire()")
     where_sql = None if wanted is None else ops(alias).dialect.encode_where(wanted)
+    policy = health.policy_of(alias, kind)  # for retirement: read before the wait, never after a grant
 
     exists_checked = False
 
@@ -518,7 +519,7 @@ def acquiring(
                 where=wanted,
                 where_sql=where_sql,
             )
-            if lease is None or not health.retire_due(lease):
+            if lease is None or not health.retire_due(lease, policy):
                 break
             lease.release()  # granted past its policy's max_uses / max_age: retired now
             lease = None
@@ -544,17 +545,19 @@ def acquiring(
         ttl=ttl,
         priority=priority,
         where=where_sql,
-        make=None if delay else retiring(making(holder=holder, ttl=ttl, alias=alias, on_lost=on_lost)),
+        make=None if delay else retiring(making(holder=holder, ttl=ttl, alias=alias, on_lost=on_lost), policy),
     )
 
 
-def retiring(make: Callable[[Sequence[Any], float], Lease | None]) -> Callable[[Sequence[Any], float], Lease | None]:
+def retiring(
+    make: Callable[[Sequence[Any], float], Lease | None], policy: health.Policy
+) -> Callable[[Sequence[Any], float], Lease | None]:
     """``make`` for ``acquire()``: a row handed to the caller's place past its policy's
     ``max_uses`` or ``max_age`` is retired and given back (the caller waits on in line)."""
 
     def make_or_retire(row: Sequence[Any], sent_at: float) -> Lease | None:
         lease = make(row, sent_at)
-        if lease is not None and health.retire_due(lease):
+        if lease is not None and health.retire_due(lease, policy):
             lease.release()
             return None
         return lease
