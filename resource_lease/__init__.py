@@ -20,6 +20,7 @@ from resource_lease.exceptions import (
     MemberTaken,
     NoResourceAvailable,
     OutcomeUnknown,
+    RateLimited,
     SyncCallFromAsync,
 )
 
@@ -42,6 +43,7 @@ __all__ = [
     "MemberTaken",
     "NoResourceAvailable",
     "OutcomeUnknown",
+    "RateLimited",
     "ResourceHolder",
     "SyncCallFromAsync",
     "Watch",
@@ -58,6 +60,8 @@ __all__ = [
     "leader_only",
     "lock",
     "notify",
+    "pool_policy",
+    "rate_limit",
     "rwlock",
     "semaphore",
     "synchronized",
@@ -66,6 +70,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from resource_lease.db.connections import close_connections
+    from resource_lease.health import pool_policy
     from resource_lease.holder import ResourceHolder
     from resource_lease.lease import Lease, aacquire, acquire
     from resource_lease.recipes.barrier import DoubleBarrier
@@ -76,6 +81,7 @@ if TYPE_CHECKING:
     from resource_lease.recipes.groups import Group
     from resource_lease.recipes.locks import alock, asemaphore, lock, semaphore, synchronized
     from resource_lease.recipes.notifications import Watch, notify, watch
+    from resource_lease.recipes.ratelimit import rate_limit
     from resource_lease.recipes.rwlock import arwlock, rwlock
     from resource_lease.recipes.worker import FolderWorker, Worker
     from resource_lease.shutdown import install_sigterm_handler
@@ -108,6 +114,8 @@ _LAZY = {
     "Watch": "resource_lease.recipes.notifications",
     "Config": "resource_lease.recipes.config",
     "counter": "resource_lease.recipes.counters",
+    "rate_limit": "resource_lease.recipes.ratelimit",
+    "pool_policy": "resource_lease.health",
     "install_sigterm_handler": "resource_lease.shutdown",
 }
 

@@ -106,3 +106,19 @@ class MemberTaken(LeaseError):
 class BarrierTimeout(LeaseError):
     """``DoubleBarrier.enter`` or ``leave`` did not complete within its timeout. After a timed-out
     ``enter`` the member has been withdrawn: nothing of it is left behind."""
+
+
+class RateLimited(NoResourceAvailable):
+    """``rate_limit(key, n, per=...).acquire()`` found no acquisition allowed within its
+    timeout: ``n`` had already been made in the last ``per`` seconds. ``key`` names the rate
+    limit; ``available_at`` (the database's clock, or None if unknown) is when the first of
+    its slots frees; both are in the message."""
+
+    def __init__(self, message: str, *, key: str = "", available_at: dt.datetime | None = None, kind: str = "") -> None:
+        super().__init__(message, kind=kind, exists=True)
+        self.key = key
+        self.available_at = available_at
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        state = {"kind": self.kind, "exists": self.exists, "key": self.key}
+        return (type(self), self.args, {**state, "available_at": self.available_at})

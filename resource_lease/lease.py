@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import transaction
 
-from resource_lease import line, pool, renewal, signals
+from resource_lease import health, line, pool, renewal, signals
 from resource_lease.audit import acting_as
 from resource_lease.conf import lease_settings
 from resource_lease.db.connections import refuse_on_event_loop
@@ -102,6 +102,15 @@ def hand_over(lease: Lease) -> None:
     and releases it through any server process): this process no longer gives it back on
     SIGTERM nor at exit, and never renews it (docs/http.md)."""
     renewal.renewer().discard(lease)
+    _untrack(lease)
+
+
+def keep_until_expiry(lease: Lease) -> None:
+    """Never give ``lease`` back: its row stays busy until the grant's own expiry by the
+    database's clock (a rate limit's slot, ``recipes.ratelimit``). ``release()`` is then a
+    no-op, and neither SIGTERM nor the exit gives it back (``give_back_granted``)."""
+    with lease._lock:
+        lease._released = True
     _untrack(lease)
 
 
@@ -210,6 +219,9 @@ class Lease:
         self._deadline = sent_at + ttl - safety_margin(ttl)
         #: Seconds the caller waited for this grant (set by the entry point that waited).
         self.waited: float | None = None
+        #: The resource's backoff level as granted, and whether a report of this grant has
+        #: quarantined it (``health``; None: not carried by the grant, read on first use).
+        self.granted_level, self.tripped = health.level_as_granted(resource), False
 
     def __repr__(self) -> str:
         state = "released" if self._released else "lost" if self.lost_event.is_set() else "held"
@@ -247,6 +259,12 @@ class Lease:
         if self.lost_event.is_set():
             raise LeaseLost(f"{self!r}: {self.lost_reason}")
 
+    @property
+    def probation(self) -> bool:
+        """True for a probation grant: the first after an automatic quarantine ended
+        (docs/learning.md#health); its ``report`` decides."""
+        return health.level_of(self) > 0
+
     # -- asked of the database -------------------------------------------------------
 
     def _key(self) -> dict[str, Any]:
@@ -254,6 +272,12 @@ class Lease:
 
     def _ops(self) -> Operations:
         return ops(self.using)
+
+    def report(self, outcome: str, retry_after: float | None = None) -> None:
+        """How the resource did: ``"ok"``, ``"error"`` or ``"blocked"`` (``retry_after``
+        seconds): its shared error score, automatic quarantine with backoff
+        (docs/learning.md#health). ``LeaseLost`` if no longer held: nothing changed."""
+        health.report(self, outcome, retry_after)
 
     def renew(self, ttl: float | None = None) -> dt.datetime:
         """Extend the lease by ``ttl`` (default: its own) from now, by the database's clock.
@@ -488,21 +512,27 @@ def acquiring(
     delay = check_seconds(lock_delay, "lock_delay", allow_zero=True)
     options.refuse_in_transaction("acquire()")
     where_sql = None if wanted is None else ops(alias).dialect.encode_where(wanted)
+    policy = health.policy_of(alias, kind)  # for retirement: read before the wait, never after a grant
 
     exists_checked = False
 
     def attempt(turn: Turn) -> Lease | None:
         nonlocal exists_checked
-        lease = attempt_grant(
-            kind,
-            ttl=ttl,
-            holder=holder,
-            alias=alias,
-            on_lost=on_lost,
-            turn=turn.with_delay(delay),
-            where=wanted,
-            where_sql=where_sql,
-        )
+        for _ in range(RETIRED_RETRIES):
+            lease = attempt_grant(
+                kind,
+                ttl=ttl,
+                holder=holder,
+                alias=alias,
+                on_lost=on_lost,
+                turn=turn.with_delay(delay),
+                where=wanted,
+                where_sql=where_sql,
+            )
+            if lease is None or not health.retire_due(lease, policy):
+                break
+            lease.release()  # granted past its policy's max_uses / max_age: retired now
+            lease = None
         if lease is None and not exists_checked:
             require_kind(alias, kind)
             exists_checked = True
@@ -525,12 +555,32 @@ def acquiring(
         ttl=ttl,
         priority=priority,
         where=where_sql,
-        make=None if delay else making(holder=holder, ttl=ttl, alias=alias, on_lost=on_lost),
+        make=None if delay else retiring(making(holder=holder, ttl=ttl, alias=alias, on_lost=on_lost), policy),
     )
+
+
+def retiring(
+    make: Callable[[Sequence[Any], float], Lease | None], policy: health.Policy
+) -> Callable[[Sequence[Any], float], Lease | None]:
+    """``make`` for ``acquire()``: a row handed to the caller's place past its policy's
+    ``max_uses`` or ``max_age`` is retired and given back (the caller waits on in line)."""
+
+    def make_or_retire(row: Sequence[Any], sent_at: float) -> Lease | None:
+        lease = make(row, sent_at)
+        if lease is not None and health.retire_due(lease, policy):
+            lease.release()
+            return None
+        return lease
+
+    return make_or_retire
 
 
 acquire = runs(acquiring, "acquire")
 aacquire = awaits(acquiring, "aacquire")
+
+#: How many grants in a row one attempt of ``acquire()`` gives back because their resource was
+#: past its policy's ``max_uses`` or ``max_age`` (each is retired as it is found).
+RETIRED_RETRIES = 3
 
 
 def granted(lease: Lease, *, auto_renew: bool) -> Lease:

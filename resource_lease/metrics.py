@@ -11,6 +11,9 @@ The names, types and labels are the public contract (docs/operations.md#metrics)
 - ``resource_lease_resources`` (gauge; kind, state): the pools' rows by state, read from the
   database when scraped (``ResourcesCollector``), coordination rows left out.
 - ``resource_lease_leader`` (gauge; election): 1 while this process leads the election.
+- ``resource_lease_reports_total`` (counter; kind, outcome): reports the database took
+  (``Lease.report``: ok, error, blocked); ``resource_lease_auto_quarantines_total`` (counter;
+  kind): the automatic quarantines those reports started (``resource_lease.health``).
 
 Coordination rows are labelled by their reserved kind without the name (``@lock``,
 ``@semaphore``, ``@election``, ``@group``, ...), so a label's values stay few.
@@ -56,6 +59,8 @@ _takeovers: Any = None
 _lost: Any = None
 _waiters: Any = None
 _leader: Any = None
+_reports: Any = None
+_auto_quarantines: Any = None
 _collector: ResourcesCollector | None = None
 # Label children by label values: labels() takes a lock and builds a tuple every call.
 _children: dict[tuple[Any, ...], Any] = {}
@@ -80,6 +85,16 @@ if prometheus_client is not None:
     )
     _leader = prometheus_client.Gauge(
         "resource_lease_leader", "1 while this process leads the election.", ["election"], multiprocess_mode="livesum"
+    )
+    _reports = prometheus_client.Counter(
+        "resource_lease_reports_total",
+        "Reports of how a leased resource did, by kind and outcome.",
+        ["kind", "outcome"],
+    )
+    _auto_quarantines = prometheus_client.Counter(
+        "resource_lease_auto_quarantines_total",
+        "Resources quarantined automatically by their reports, by kind.",
+        ["kind"],
     )
 
 
@@ -173,6 +188,13 @@ def _on_granted(sender: Any, lease: Lease, **kwargs: Any) -> None:
         _child(_leader, lease.resource.name).set(1)
 
 
+def _on_reported(sender: Any, lease: Lease, outcome: str, quarantined: bool, **kwargs: Any) -> None:
+    kind = metric_kind(lease.kind)
+    _child(_reports, kind, outcome).inc()
+    if quarantined:
+        _child(_auto_quarantines, kind).inc()
+
+
 def _on_released(sender: Any, lease: Lease, **kwargs: Any) -> None:
     if lease.kind == ELECTION_KIND:
         _child(_leader, lease.resource.name).set(0)
@@ -232,6 +254,7 @@ def install() -> None:
         (signals.lease_granted, _on_granted),
         (signals.lease_released, _on_released),
         (signals.lease_lost, _on_lost),
+        (signals.lease_reported, _on_reported),
     ):
         signal.connect(receiver, sender=Resource, dispatch_uid=f"resource_lease.metrics.{receiver.__name__}")
     _collector = ResourcesCollector()

@@ -203,7 +203,8 @@ def releasable(queryset: QuerySet[Resource]) -> QuerySet[Resource]:
 
 
 def restore(resources: ResourceSet, *, using: str | None = None) -> int:
-    """End the quarantine of resources now. Returns how many were quarantined."""
+    """End the quarantine of resources now, and forget their health (error score and backoff
+    level back to 0: healthy, no probation). Returns how many were quarantined."""
     now = DbNow()
     queryset = restorable(_queryset(resources, using))
     with database_errors(queryset.db, "restoring resources"):
@@ -211,6 +212,9 @@ def restore(resources: ResourceSet, *, using: str | None = None) -> int:
         count = queryset.update(
             quarantined_until=None,
             quarantine_reason="",
+            health_score=0.0,
+            backoff_level=0,
+            backoff_seconds=0.0,
             # Only a quarantine pushed busy_before of a row with no live grant; undo just that.
             busy_before=Case(When(Q(grant_token="") & Q(busy_before__gt=now), then=now), default=F("busy_before")),
         )

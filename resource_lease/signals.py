@@ -29,3 +29,13 @@ resources_quarantined = Signal()
 resources_restored = Signal()
 #: ``force_release()``: ``resources`` carry the holder and fence that were cut off.
 resources_force_released = Signal()
+
+# Shared health (``Lease.report``, ``resource_lease.health``).
+
+#: A report the database took: ``lease``, ``outcome`` ("ok", "error", "blocked"),
+#: ``quarantined`` (True when this report quarantined the resource automatically), ``score``
+#: and ``level`` (the resource's health after it), ``until`` (the quarantine's end or None).
+lease_reported = Signal()
+#: A resource retired by its policy (``max_uses`` or ``max_age``): ``lease`` (the grant that
+#: found it due) and ``reason``.
+resource_retired = Signal()

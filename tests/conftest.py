@@ -19,6 +19,7 @@ from django.test import Client, override_settings
 from resource_lease import audit
 from resource_lease.db.connections import close_connections, close_every_connection
 from resource_lease.db.listen import hub
+from resource_lease.health import forget_policies
 from resource_lease.holder import ResourceHolder
 from resource_lease.line import forget_lines
 from resource_lease.line.wakeups import forget_subscriptions
@@ -57,6 +58,7 @@ def _close_lease_connections() -> Iterator[None]:
     close_connections()
     forget_subscriptions()  # the line's LISTEN (PostgreSQL) must not outlive the test either
     forget_lines()  # nor this process's memory of the marks it wrote on the test's rows
+    forget_policies()  # nor the pool policies it read
     hub().close()
     close_every_connection()  # those of the worker threads of async code (resource_lease.aio) too
 

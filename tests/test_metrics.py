@@ -47,6 +47,8 @@ def test_the_contract_s_names_types_and_labels() -> None:
         "resource_lease_waiters": ("gauge", ["kind"]),
         "resource_lease_resources": ("gauge", ["kind", "state"]),
         "resource_lease_leader": ("gauge", ["election"]),
+        "resource_lease_reports": ("counter", ["kind", "outcome"]),
+        "resource_lease_auto_quarantines": ("counter", ["kind"]),
     }
     assert {name: families[name].type for name in expected} == {n: t for n, (t, _) in expected.items()}
     exposed = generate_latest(REGISTRY).decode()

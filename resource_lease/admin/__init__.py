@@ -15,6 +15,7 @@
   (editable, validated).
 - ``line``: who waits in line for what (read-only).
 - ``tokens``: the HTTP API's tokens (made here, shown once, revoked; last use).
+- ``policy``: the pools' policies (how a pool learns; editable, validated).
 """
 
 from resource_lease.admin.dispenser import DispenserItemAdmin
@@ -23,6 +24,7 @@ from resource_lease.admin.line import WaiterAdmin
 from resource_lease.admin.locks import ElectionAdmin, LeadershipTermAdmin, LockAdmin, SemaphoreAdmin
 from resource_lease.admin.notify import ConfigEntryAdmin, CounterAdmin, TopicAdmin
 from resource_lease.admin.overview import LeaseEventAdmin, PoolOverviewAdmin
+from resource_lease.admin.policy import PoolPolicyAdmin
 from resource_lease.admin.resources import ResourceAdmin
 from resource_lease.admin.tokens import ApiTokenAdmin
 
@@ -38,6 +40,7 @@ __all__ = [
     "LeaseEventAdmin",
     "LockAdmin",
     "PoolOverviewAdmin",
+    "PoolPolicyAdmin",
     "ResourceAdmin",
     "SemaphoreAdmin",
     "TopicAdmin",

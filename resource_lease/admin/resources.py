@@ -59,6 +59,9 @@ MACHINE_FIELDS = (
     "previous_holder",
     "quarantined_until",
     "quarantine_reason",
+    "health_score",
+    "backoff_level",
+    "backoff_seconds",
     "created_at",
 )
 #: What an operator may edit.
@@ -192,6 +195,10 @@ class ResourceAdmin(AppAdmin):
         (
             "Quarantine (the buttons above, or the list's actions)",
             {"fields": ("quarantine_display", "quarantined_until", "quarantine_reason")},
+        ),
+        (
+            "Health (written by lease.report(); restore resets it)",
+            {"fields": ("health_score", "backoff_level", "backoff_seconds")},
         ),
         ("Recent events", {"fields": ("recent_events", "created_at")}),
     )

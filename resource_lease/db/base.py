@@ -19,6 +19,7 @@ from django.db.models.base import DEFERRED
 
 from resource_lease.db import counters as counter_sql
 from resource_lease.db import dispenser as item_sql
+from resource_lease.db import health as health_sql
 from resource_lease.db import statements
 from resource_lease.db import terms as term_sql
 from resource_lease.db import topics as topic_sql
@@ -123,6 +124,7 @@ class Dialect(GrantStatements):
         self.sql.update(statements.render(self.topic_templates, topic_sql.pieces(self)))
         self.sql.update(statements.render(self.counter_templates, counter_sql.pieces(self)))
         self.sql.update(statements.render(self.term_templates, term_sql.pieces(self)))
+        self.sql.update(statements.render(health_sql.TEMPLATES, health_sql.pieces(self), self.returning_template))
         # The conditions and the SET list on their own (tests, tests/procs).
         self.ours = self.sql["OURS"]
         self.free = self.sql["FREE"]

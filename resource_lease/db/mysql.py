@@ -335,8 +335,8 @@ class MySQLDialect(Dialect):
         microseconds, the server's own arithmetic) are then exactly what the server wrote.
         The payload (name, data) is the sample's, so an operator's new URL shows up within
         PROBE_REFRESH. A take-over, a clock estimate too far out and a fence past 2**37 read
-        the row back instead. ``previous_holder`` is left for Django to load on first access
-        (``DEFERRED``).
+        the row back instead. ``previous_holder`` and the health columns are left for Django to
+        load on first access (``DEFERRED``).
         """
         ttl_us = self.ttl_param(ttl)
         # MariaDB: no lock wait for this statement alone.
@@ -366,6 +366,8 @@ class MySQLDialect(Dialect):
         at = self._at
         row[at["took_over"]] = False
         row[at["previous_holder"]] = DEFERRED
+        # The sample's health may be PROBE_REFRESH old: loaded on first access (``Lease.probation``).
+        row[at["health_score"]] = row[at["backoff_level"]] = row[at["backoff_seconds"]] = DEFERRED
         row[at["fence"]] = fence
         row[at["holder"]] = holder
         row[at["grant_token"]] = token

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from resource_lease.db.base import Dialect, Row, some_kinds
 from resource_lease.db.connections import Disconnected, LockWaitTimeout, lease_connection, run, run_repeatable
+from resource_lease.db.health_operations import HealthOperations
 from resource_lease.db.item_operations import Claimed, ItemOperations
 from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.db.line_operations import LineOperations
@@ -38,11 +39,11 @@ T = TypeVar("T")
 Grant = Callable[[Dialect, Any, str], "Row | None"]
 
 
-class Operations(ItemOperations, LineOperations, TermOperations):
+class Operations(ItemOperations, LineOperations, TermOperations, HealthOperations):
     """The named operations on ``alias`` (see the module's docstring); the dispenser's are
     ``ItemOperations``' (``db/item_operations.py``), the line of waiters' ``LineOperations``'
     (``db/line_operations.py``), the leadership log's ``TermOperations``'
-    (``db/term_operations.py``)."""
+    (``db/term_operations.py``), shared health's ``HealthOperations``' (``db/health_operations.py``)."""
 
     def __init__(self, alias: str) -> None:
         self.alias = alias

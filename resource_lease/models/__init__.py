@@ -8,6 +8,7 @@
 ``elections``  ``LeadershipTerm``, the log of an election's terms
 ``line``       ``Waiter``, a caller's place in the line of waiters
 ``api``        ``ApiToken``, ``IdempotencyKey``: the HTTP API's (docs/http.md)
+``policy``     ``PoolPolicy``, how a pool learns (``pool_policy``)
 ``proxies``    the admin's proxies of ``Resource``: ``PoolOverview``, ``LockRow``,
                ``SemaphoreSlot``, ``RwLockRow``, ``ElectionRow``, ``GroupMember``, ``BarrierOverview``
 """
@@ -20,6 +21,7 @@ from resource_lease.models.dispenser import DispenserItem
 from resource_lease.models.elections import LeadershipTerm
 from resource_lease.models.events import LeaseEvent
 from resource_lease.models.line import Waiter
+from resource_lease.models.policy import PoolPolicy
 from resource_lease.models.proxies import (
     BarrierOverview,
     ElectionRow,
@@ -70,6 +72,7 @@ __all__ = [
     "LeaseEvent",
     "LockRow",
     "PoolOverview",
+    "PoolPolicy",
     "Resource",
     "ResourceQuerySet",
     "RwLockRow",

@@ -175,6 +175,23 @@ class Resource(models.Model):
         default=0, db_default=0, help_text="The fence of the first read grant of an rwlock's current read period."
     )
 
+    # Shared health (``Lease.report``, resource_lease/health.py): written only by a report's
+    # fenced statement and an operator's restore.
+    health_score = models.FloatField(
+        default=0.0,
+        db_default=0.0,
+        help_text="Errors reported, decayed by each success; at the policy's threshold the resource is quarantined.",
+    )
+    backoff_level = models.IntegerField(
+        default=0,
+        db_default=0,
+        help_text="Automatic quarantines since it was last healthy; above 0 the next grant is a probation grant.",
+    )
+    backoff_seconds = models.FloatField(
+        default=0.0,
+        db_default=0.0,
+        help_text="The backoff of the last automatic quarantine, before its jitter (doubles each time, to the cap).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     line_until = models.DateTimeField(

@@ -1,7 +1,8 @@
 """``manage.py inspect_locks [--json] [--database ALIAS]``
 
-Named locks, semaphores, read/write locks and leader elections, by the database's clock: who
-holds each lock, its fence and time left; each semaphore's slots in force and its holders;
+Named locks, semaphores, rate limits, read/write locks and leader elections, by the database's
+clock: who holds each lock, its fence and time left; each semaphore's slots in force and its
+holders; each rate limit's n, slots used in the current window and when the first frees;
 each rwlock's writer, or its readers (how many, the last granted); each election's
 leader, fence, time left and hand-over state. ``inspect_pool`` shows the pools.
 """
@@ -17,11 +18,12 @@ from django.core.management.base import CommandParser
 from resource_lease.display import current_holder, format_duration, lock_delay_until, with_display_state
 from resource_lease.management.commands._arguments import database_argument
 from resource_lease.management.commands._base import LeaseCommand
-from resource_lease.models import COORDINATION_PREFIX, ElectionRow, LockRow, RwLockRow, SemaphoreSlot
+from resource_lease.models import COORDINATION_PREFIX, ElectionRow, LockRow, Resource, RwLockRow, SemaphoreSlot
 from resource_lease.pool import DISABLED, HELD, database_now
 from resource_lease.validation import resolve_using
 
 SEMAPHORE_PREFIX = f"{COORDINATION_PREFIX}semaphore:"
+RATE_LIMIT_PREFIX = f"{COORDINATION_PREFIX}ratelimit:"
 
 
 def _iso(value: dt.datetime | None) -> str | None:
@@ -60,6 +62,16 @@ def report(using: str) -> dict[str, Any]:
     rwlocks: list[Any] = list(with_display_state(RwLockRow.objects.using(using)).order_by("name"))
     elections: list[Any] = list(with_display_state(ElectionRow.objects.using(using)).order_by("name"))
     now = next((r.db_now for r in (*locks, *slots, *rwlocks, *elections)), None) or database_now(using)
+    limits: dict[str, dict[str, Any]] = {}
+    rate_slots = Resource.objects.using(using).filter(kind__startswith=RATE_LIMIT_PREFIX).order_by("kind", "name")
+    for row in rate_slots:
+        key = row.kind[len(RATE_LIMIT_PREFIX) :]
+        entry = limits.setdefault(key, {"key": key, "n": 0, "used": 0, "next_free_at": None})
+        entry["n"] += 1 if row.enabled else 0
+        if row.busy_before > now:  # granted within its last ``per`` seconds
+            entry["used"] += 1
+            first = entry["next_free_at"]
+            entry["next_free_at"] = row.busy_before if first is None else min(first, row.busy_before)
     semaphores: dict[str, dict[str, Any]] = {}
     for row in slots:
         name = row.kind[len(SEMAPHORE_PREFIX) :]
@@ -73,6 +85,7 @@ def report(using: str) -> dict[str, Any]:
         "database_time": _iso(now),
         "locks": [{"name": row.name, **_grant(row)} for row in locks],
         "semaphores": list(semaphores.values()),
+        "rate_limits": [{**e, "next_free_at": _iso(e["next_free_at"])} for e in limits.values()],
         "rwlocks": [{"name": row.name, **_grant(row), **_rw_mode(row)} for row in rwlocks],
         "elections": [
             {"name": row.name, **_grant(row), "leader": _grant(row)["holder"], "state_data": row.data}
@@ -83,7 +96,8 @@ def report(using: str) -> dict[str, Any]:
 
 class Command(LeaseCommand):
     help = (
-        "Show named locks (holder, fence, time left), semaphores (slots, holders), read/write locks "
+        "Show named locks (holder, fence, time left), semaphores (slots, holders), rate limits (n, used), "
+        "read/write locks "
         "(writer or readers) and leader "
         "elections (leader, fence, time left, hand-over state) by the database's clock; --json for scripts."
     )
@@ -112,6 +126,11 @@ class Command(LeaseCommand):
             )
             semaphore_rows.append((sem["name"], str(sem["slots"]), str(sem["held"]), holders or "-"))
         self._section("Semaphores", ("NAME", "SLOTS", "HELD", "HOLDERS (slot:holder, time left)"), semaphore_rows)
+        self._section(
+            "Rate limits",
+            ("KEY", "N", "USED", "NEXT FREE"),
+            [(e["key"], str(e["n"]), str(e["used"]), e["next_free_at"] or "-") for e in data["rate_limits"]],
+        )
         self._section(
             "RW locks",
             ("NAME", "STATE", "MODE", "HOLDER", "FENCE", "LEFT"),

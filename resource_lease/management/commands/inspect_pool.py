@@ -1,7 +1,7 @@
 """``manage.py inspect_pool [--kind K] [--state S] [--where KEY=VALUE ...] [--json] [--watch [--interval S]]``
 
 Each resource's state (free, held, expired, quarantined, disabled) by the database's clock,
-its holder, fence and time left, the counts per state of each kind, and who waits in each
+its holder, fence and time left, its health (error score, backoff level: ``lease.report``), the counts per state of each kind, and who waits in each
 kind's line (place, holder, priority, since when, where=). ``--where region=eu`` lists only
 the resources whose data holds that value (as ``acquire(where=...)`` compares it); the keys
 of ``DATA_KEYS`` and of ``--where`` are columns (``data`` in the JSON), never ``url``'s
@@ -34,7 +34,7 @@ from resource_lease.models.api import http_token_name, is_http_holder
 from resource_lease.pool import QUARANTINED, STATES, counts, database_now, waiting
 from resource_lease.validation import resolve_using, where_matches
 
-COLUMNS = ("KIND", "NAME", "STATE", "HOLDER", "FENCE", "LEASE LEFT", "URL", "NOTE")
+COLUMNS = ("KIND", "NAME", "STATE", "HOLDER", "FENCE", "LEASE LEFT", "HEALTH", "URL", "NOTE")
 WIDEST = {"NAME": 40, "HOLDER": 40, "URL": 60, "NOTE": 60}
 
 
@@ -61,6 +61,14 @@ def _text(resource: Any, key: str) -> str:
         return ""
     value = resource.data[key]
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _health(resource: Any) -> str:
+    """The error score and, while it backs off, the backoff level (``lease.report``)."""
+    if not resource.health_score and not resource.backoff_level:
+        return ""
+    level = f" L{resource.backoff_level}" if resource.backoff_level else ""
+    return f"{resource.health_score:.3g}{level}"
 
 
 #: Moves the cursor home and clears the screen: each refresh of --watch replaces the last.
@@ -197,6 +205,8 @@ class Command(LeaseCommand):
                     "quarantined_until": _iso(r.quarantined_until) if r.state == QUARANTINED else None,
                     "quarantine_left": _seconds(quarantine_left(r)),
                     "quarantine_reason": r.quarantine_reason or None,
+                    "health_score": r.health_score,
+                    "backoff_level": r.backoff_level,
                     "enabled": r.enabled,
                     "url": payload_url(r) or None,
                     **({"data": {key: _value(r, key) for key in self.keys}} if self.keys else {}),
@@ -236,6 +246,7 @@ class Command(LeaseCommand):
                 current_holder(r),
                 str(r.fence),
                 format_duration(r.time_left),
+                _health(r),
                 *shown,
                 payload_url(r),
                 note,
