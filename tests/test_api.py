@@ -5,6 +5,7 @@ that changes nothing. tests/test_api_servers.py runs the same views in uvicorn p
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from io import StringIO
 from typing import Any
@@ -15,6 +16,7 @@ from django.test import Client
 
 from resource_lease.api.tokens import create_token, revoke_token
 from resource_lease.db.operations import ops
+from resource_lease.health import pool_policy
 from resource_lease.models import ApiToken, IdempotencyKey, Resource
 
 API = "/lease/api/"
@@ -169,7 +171,36 @@ def test_fields_of_issue_40_are_refused_as_not_supported_yet(api: Callable[..., 
     assert ops("default").is_held(
         pk=Resource.objects.get(name=lease["name"]).pk, holder=lease["holder"], fence=lease["fence"]
     )
-    assert alice.post(f"leases/{lease['id']}/report", {"outcome": "ok"}).status_code == 501
+
+
+def test_a_report_over_http_is_the_leases_report_fenced_and_judged_by_the_granted_level(
+    api: Callable[..., Api], make_pool: Callable[..., Any]
+) -> None:
+    make_pool("flaky", 1)
+    pool_policy("flaky", error_threshold=2, backoff=(0.3, 0.6))
+    alice = api()
+    lease = alice.post("leases", {"kind": "flaky"}).json()
+    pk = Resource.objects.get(kind="flaky").pk
+    first = alice.post(f"leases/{lease['id']}/report", {"outcome": "error"})
+    assert (first.status_code, first.json()) == (200, {})
+    assert Resource.objects.get(pk=pk).health_score == 1.0
+    assert alice.post(f"leases/{lease['id']}/report", {"outcome": "blocked"}).status_code == 200
+    tripped = Resource.objects.get(pk=pk)
+    assert tripped.backoff_level == 1 and tripped.quarantined_until is not None
+    assert alice.post(f"leases/{lease['id']}/release").json() == {"released": True}
+    # A report from a grant no longer held is refused, and changes nothing.
+    late = alice.post(f"leases/{lease['id']}/report", {"outcome": "error"})
+    assert late.status_code == 410 and late.json()["field"] == "id"
+    after = Resource.objects.get(pk=pk)
+    assert (after.health_score, after.backoff_level) == (tripped.health_score, tripped.backoff_level)
+    # Once the backoff is over the next grant is a probation grant (level 1 as granted, carried
+    # by its id): its "ok" makes the resource healthy again.
+    deadline = time.monotonic() + 30
+    while (probation := alice.post("leases", {"kind": "flaky", "wait": 1})).status_code != 201:
+        assert time.monotonic() < deadline, probation.json()
+    assert alice.post(f"leases/{probation.json()['id']}/report", {"outcome": "ok"}).status_code == 200
+    healthy = Resource.objects.get(pk=pk)
+    assert (healthy.health_score, healthy.backoff_level) == (0.0, 0)
 
 
 def test_openapi_document(api: Callable[..., Api]) -> None:

@@ -1,5 +1,6 @@
-"""A lease's opaque id: everything a renewal or release needs (row, fence, holder, kind,
-ttl, token), signed with the project's ``SECRET_KEY``. The server keeps no lease in memory:
+"""A lease's opaque id: everything a renewal, release or report needs (row, fence, holder,
+kind, ttl, token, the resource's backoff level as granted), signed with the project's
+``SECRET_KEY``. The server keeps no lease in memory:
 any server process of the project answers for any lease, and every renewal and release is
 conditional on the row's holder and fence, so a stale id can never touch a later grant."""
 
@@ -22,17 +23,27 @@ class LeaseRef:
     kind: str
     ttl: float
     token_id: int
+    #: The resource's backoff level when it was granted (a report judges a probation grant by
+    #: it: docs/learning.md#health); None where the grant did not say (read when reported).
+    level: int | None = None
 
     def dumps(self) -> str:
-        return signing.dumps(
-            [self.pk, self.fence, self.holder, self.kind, self.ttl, self.token_id], salt=_SALT, compress=True
-        )
+        fields = [self.pk, self.fence, self.holder, self.kind, self.ttl, self.token_id, self.level]
+        return signing.dumps(fields, salt=_SALT, compress=True)
 
     @classmethod
     def loads(cls, text: str) -> LeaseRef:
         """The lease an id names; ``ApiError`` 404 for an id this project never gave out."""
         try:
-            pk, fence, holder, kind, ttl, token_id = signing.loads(text, salt=_SALT)
-            return cls(int(pk), int(fence), str(holder), str(kind), float(ttl), int(token_id))
+            pk, fence, holder, kind, ttl, token_id, level = signing.loads(text, salt=_SALT)
+            return cls(
+                int(pk),
+                int(fence),
+                str(holder),
+                str(kind),
+                float(ttl),
+                int(token_id),
+                None if level is None else int(level),
+            )
         except (signing.BadSignature, ValueError, TypeError) as exc:
             raise ApiError(404, "no such lease (the id is not one this server gave out)", field="id") from exc

@@ -138,12 +138,12 @@ def document(server: str) -> dict[str, Any]:
             },
             "/leases/{id}/report": {
                 "post": {
-                    "summary": "Report the resource's health (not supported yet: 501 once checked)",
+                    "summary": "Report how the resource did: its shared health (lease.report)",
                     "parameters": _ID,
                     "requestBody": _body(
                         {"outcome": {"enum": ["ok", "error", "blocked"]}, "retry_after": seconds}, ["outcome"]
                     ),
-                    "responses": {"410": _error("No longer held."), "501": _error("Not supported yet."), **_COMMON},
+                    "responses": {"200": {"description": "Recorded."}, "410": _error("No longer held."), **_COMMON},
                 }
             },
             "/pools": {

@@ -18,16 +18,17 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
-from resource_lease import pool
+from resource_lease import health, pool
 from resource_lease.api import bodies, keys
 from resource_lease.api.errors import ApiError
 from resource_lease.api.ids import LeaseRef
 from resource_lease.api.openapi import document
+from resource_lease.api.reporting import ReportedGrant
 from resource_lease.api.tokens import allow_kind, authenticate, orm
 from resource_lease.conf import lease_settings
 from resource_lease.db.clock import DbNow
 from resource_lease.db.operations import ops
-from resource_lease.exceptions import LeaseDatabaseError, NoResourceAvailable
+from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost, NoResourceAvailable
 from resource_lease.lease import Lease, aacquire, hand_over
 from resource_lease.line.wakeups import release as release_row
 from resource_lease.models import COORDINATION_PREFIX, Resource, Waiter
@@ -131,7 +132,7 @@ async def _grant(body: bodies.AcquireBody, holder: str, wait: float) -> Lease:
 
 
 def _granted(lease: Lease, token: ApiToken, ttl: float) -> dict[str, Any]:
-    ref = LeaseRef(lease.resource.pk, lease.fence, lease.holder, lease.kind, ttl, token.pk)
+    ref = LeaseRef(lease.resource.pk, lease.fence, lease.holder, lease.kind, ttl, token.pk, lease.granted_level)
     return _lease_json(ref, name=lease.resource.name, data=lease.resource.data, expires_at=lease.expires_at)
 
 
@@ -222,7 +223,7 @@ async def renew(request: HttpRequest, lease_id: str) -> HttpResponse:
     _token, ref = await _owned(request, lease_id)
     ttl = bodies.renew_ttl(_body(request))
     if ttl is not None:
-        ref = LeaseRef(ref.pk, ref.fence, ref.holder, ref.kind, ttl, ref.token_id)
+        ref = LeaseRef(ref.pk, ref.fence, ref.holder, ref.kind, ttl, ref.token_id, ref.level)
     expiry = await in_thread(ops(_alias()).renew, pk=ref.pk, holder=ref.holder, fence=ref.fence, ttl=ref.ttl)
     if expiry is None:
         raise ApiError(410, "the lease is no longer held (it expired or was released)", field="id")
@@ -247,12 +248,17 @@ async def release(request: HttpRequest, lease_id: str) -> HttpResponse:
 @_answer
 @require_POST
 async def report(request: HttpRequest, lease_id: str) -> HttpResponse:
-    """``POST leases/<id>/report``: checked, but not served yet (the pool's health, issue 40)."""
+    """``POST leases/<id>/report``: how the resource did (``Lease.report``: its shared health,
+    docs/learning.md#health), one fenced statement; 410 if the lease is no longer held."""
     _token, ref = await _owned(request, lease_id)
-    bodies.report_body(_body(request))
-    if not await in_thread(ops(_alias()).is_held, pk=ref.pk, holder=ref.holder, fence=ref.fence):
-        raise ApiError(410, "the lease is no longer held (it expired or was released)", field="id")
-    raise ApiError(501, "report is not supported yet by this server", field="outcome")
+    outcome, retry_after = bodies.report_body(_body(request))
+    try:
+        await in_thread(health.report, ReportedGrant(ref, _alias()), outcome, retry_after)
+    except LeaseLost as exc:
+        raise ApiError(410, "the lease is no longer held (it expired or was released)", field="id") from exc
+    except LeaseError as exc:  # a lock's, semaphore's or election's row has no health
+        raise ApiError(400, str(exc), field="id") from exc
+    return JsonResponse({})
 
 
 @_answer
