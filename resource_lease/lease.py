@@ -512,12 +512,16 @@ def acquiring(
     delay = check_seconds(lock_delay, "lock_delay", allow_zero=True)
     options.refuse_in_transaction("acquire()")
     where_sql = None if wanted is None else ops(alias).dialect.encode_where(wanted)
-    policy = health.policy_of(alias, kind)  # for retirement: read before the wait, never after a grant
+    # The kind's policy (for retirement), read by the wait's first attempt, before its first
+    # grant statement: inside the wait, so a database that is down is the wait's error (its
+    # metrics observe it), and never between a grant and its use (cached per process).
+    policy = functools.cache(lambda: health.policy_of(alias, kind))
 
     exists_checked = False
 
     def attempt(turn: Turn) -> Lease | None:
         nonlocal exists_checked
+        current = policy()
         for _ in range(RETIRED_RETRIES):
             lease = attempt_grant(
                 kind,
@@ -529,7 +533,7 @@ def acquiring(
                 where=wanted,
                 where_sql=where_sql,
             )
-            if lease is None or not health.retire_due(lease, policy):
+            if lease is None or not health.retire_due(lease, current):
                 break
             lease.release()  # granted past its policy's max_uses / max_age: retired now
             lease = None
@@ -560,14 +564,14 @@ def acquiring(
 
 
 def retiring(
-    make: Callable[[Sequence[Any], float], Lease | None], policy: health.Policy
+    make: Callable[[Sequence[Any], float], Lease | None], policy: Callable[[], health.Policy]
 ) -> Callable[[Sequence[Any], float], Lease | None]:
     """``make`` for ``acquire()``: a row handed to the caller's place past its policy's
     ``max_uses`` or ``max_age`` is retired and given back (the caller waits on in line)."""
 
     def make_or_retire(row: Sequence[Any], sent_at: float) -> Lease | None:
         lease = make(row, sent_at)
-        if lease is not None and health.retire_due(lease, policy):
+        if lease is not None and health.retire_due(lease, policy()):
             lease.release()
             return None
         return lease
