@@ -140,6 +140,24 @@ def trust_stale_marks() -> None:
     )
 
 
+#: Wake-ups delivered to this process's waiters (``Waker.wake`` calls), whether or not the
+#: waiter had paused to collect them before it was served (``stats.wakes`` counts only those
+#: collected at a pause: one that comes while the waiter looks or tries is never counted).
+DELIVERED = [0]
+
+
+def count_deliveries() -> None:
+    from resource_lease.line import wakeups
+
+    wake = wakeups.Waker.wake
+
+    def counted(self: Any, **kwargs: Any) -> None:
+        DELIVERED[0] += 1
+        wake(self, **kwargs)
+
+    wakeups.Waker.wake = counted  # type: ignore[method-assign]
+
+
 def record_places(places: list[dict[str, Any]], *, heard: bool = False) -> None:
     """Note every place this process takes (its id, and when the insert returned); ``heard``:
     say so only once a release's NOTIFY reaches this process (PostgreSQL's LISTEN is set up
@@ -216,6 +234,7 @@ def main() -> None:
     lease_connection("default").cursor().close()
     places: list[dict[str, Any]] = []
     record_places(places, heard=args.heard)
+    count_deliveries()
     emit("ready")
     history = []
     stop = time.monotonic() + args.seconds
@@ -245,6 +264,7 @@ def main() -> None:
             emit(
                 "granted",
                 wakes=stats.wakes,
+                delivered=DELIVERED[0],
                 looks=stats.looks,
                 handed=stats.handed,
                 unread=stats.handed_unread,
