@@ -178,9 +178,13 @@ class Waiting:
             return None
 
     def _reenter(self) -> Place | None:
-        assert self.place is not None
-        leaving.leave(self.place)
-        self.place = None
+        """Leave the lost place and take a new one. Run again after a refused connection (the
+        driver repeats a step that never reached the database), so the lost place is left
+        only once: the second run goes straight to taking the new one (the nemesis found a
+        restart between the two, and the repeated step's AssertionError)."""
+        if self.place is not None:
+            lost, self.place = self.place, None
+            leaving.leave(lost)
         return self._enter()
 
     def _take_place(self, reenter: bool = False) -> Generator[Step, Any, Place | None]:
