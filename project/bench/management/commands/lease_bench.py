@@ -64,8 +64,13 @@ def _waiting_cases(text: str) -> tuple[str, ...]:
     return names(text, [*CASES, *SMOKE_CASES], "case")
 
 
+#: The cycle scenario's contenders a run may name: the baselines and, with --before, the earlier
+#: checkout's engine.
+CHOOSABLE = ("before", *CONTENDERS)
+
+
 def _contenders(text: str) -> tuple[str, ...]:
-    chosen = names(text, CONTENDERS, "contender")
+    chosen = names(text, CHOOSABLE, "contender")
     if "engine" not in chosen:
         raise argparse.ArgumentTypeError("the engine is what is measured: include 'engine'")
     return chosen
@@ -108,7 +113,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--contenders",
             type=_contenders,
-            help=f"only these in the cycle and pool scenarios, comma-separated: {', '.join(CONTENDERS)}",
+            help=f"only these in the cycle and pool scenarios, comma-separated: {', '.join(CHOOSABLE)}",
         )
         parser.add_argument(
             "--profile",
