@@ -20,6 +20,9 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.test_layout import _imports as imports  # noqa: E402 (the layout test's own count)
+
 HAND_OFF = re.compile(
     r"handed_to|hands_off|claim_handed|give_back_handed|handoff|claiming\(|turn\.claim|\bmake=|making\("
 )
@@ -35,29 +38,6 @@ def count_lines(paths: list[Path]) -> int:
 def module_name(root: Path, path: Path) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imports(path: Path, modules: set[str]) -> set[str]:
-    tree = ast.parse(path.read_text())
-    typing_only = {
-        id(inner)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for inner in ast.walk(node)
-    }
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [
-                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module for a in node.names
-            ]
-        found.update(name for name in names if name in modules)
-    return found
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -118,7 +98,7 @@ def main() -> None:
     print(f"modules outside db/ and the line with hand-off code: {len(outside)} {outside}")
 
     modules = {module_name(root, p): p for p in code}
-    graph = {m: imports(p, set(modules)) - {m} for m, p in modules.items()}
+    graph = {m: imports(p, modules) - {m} for m, p in modules.items()}
     components = circles(graph)
     print(f"run-time import circles: {len(components)}, {sum(map(len, components))} modules")
     for component in components:
