@@ -25,8 +25,10 @@ from django.core.management import call_command
 from project.demo.theme import install as install_theme
 from resource_lease import Config, Dispenser, Election, Group, acquire, audit, counter, lock, rwlock, semaphore
 from resource_lease.admin import ResourceAdmin
+from resource_lease.api.tokens import create_token
 from resource_lease.audit import acting_as
 from resource_lease.db.operations import ops
+from resource_lease.health import pool_policy
 from resource_lease.models import Resource, Waiter
 from resource_lease.pool import database_now, force_release, quarantine
 from tests.test_browser import SCREENSHOTS
@@ -162,10 +164,14 @@ LISTS = [
     ("rwlocks", "/admin/resource_lease/rwlockrow/"),
     ("leadership_terms", "/admin/resource_lease/leadershipterm/"),
     ("counters", "/admin/resource_lease/counter/"),
+    ("api_tokens", "/admin/resource_lease/apitoken/"),
+    ("pool_policies", "/admin/resource_lease/poolpolicy/"),
 ]
 
 
 def test_every_list_fits_1400_px_with_a_crawler_farm_s_values(live_server: Any, page: Any, kept: list[Any]) -> None:
+    create_token(f"{HOST}-scrapy-fleet", "proxy,gpu,crawler-accounts-eu-west")
+    pool_policy("proxy", error_threshold=3.0, backoff=(60, 3600), max_uses=50_000, max_age=86_400)
     login(page, live_server, "/admin/")
     found = {}
     for name, path in LISTS:
