@@ -109,14 +109,13 @@ def _markers(settings: BaseSettings) -> re.Pattern[str] | None:
     return re.compile("|".join(re.escape(m) for m in markers), re.IGNORECASE)
 
 
-def _seconds_or_none(settings: BaseSettings, name: str, *, allow_zero: bool = False) -> float | None:
+def _seconds(settings: BaseSettings, name: str, *, allow_zero: bool = False) -> float:
+    # Scrapy's settings read None as "not set": the default then.
     value = settings.get(name, DEFAULTS[name])
-    if value is None:
-        return None
     try:
         value = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number of seconds or None, got {value!r}") from None
+        raise ValueError(f"{name} must be a number of seconds, got {value!r}") from None
     return check_seconds(value, name, allow_zero=allow_zero)
 
 
@@ -142,6 +141,54 @@ def retry_after_seconds(value: bytes | str | None, now: float | None = None) -> 
     return max(1.0, seconds)
 
 
+class Verdicts:
+    """How a response is judged (the RESOURCE_LEASE_BLOCKED_CODES, _ERROR_CODES, _BAN_MARKERS
+    and _BLOCKED_RETRY_AFTER settings)."""
+
+    def __init__(
+        self,
+        *,
+        blocked_codes: frozenset[int],
+        error_codes: frozenset[int],
+        markers: re.Pattern[str] | None,
+        blocked_retry_after: float | None,
+    ) -> None:
+        both = blocked_codes & error_codes
+        if both:
+            raise ValueError(f"RESOURCE_LEASE_BLOCKED_CODES and RESOURCE_LEASE_ERROR_CODES share {sorted(both)}")
+        self.blocked_codes = blocked_codes
+        self.error_codes = error_codes
+        self.markers = markers
+        self.blocked_retry_after = blocked_retry_after
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> Verdicts:
+        return cls(
+            blocked_codes=_codes(settings, "RESOURCE_LEASE_BLOCKED_CODES"),
+            error_codes=_codes(settings, "RESOURCE_LEASE_ERROR_CODES"),
+            markers=_markers(settings),
+            # 0: a blocked report without retry_after (counted in the health score, no cooldown).
+            blocked_retry_after=_seconds(settings, "RESOURCE_LEASE_BLOCKED_RETRY_AFTER", allow_zero=True) or None,
+        )
+
+    def outcome(self, response: Response) -> tuple[str, float | None]:
+        """``("blocked", retry_after)`` for a blocked status or a ban marker in the body
+        (``retry_after`` from the ``Retry-After`` header, else RESOURCE_LEASE_BLOCKED_RETRY_AFTER);
+        ``("error", None)`` for an error status; else ``("ok", None)``: the proxy brought an answer."""
+        if response.status in self.blocked_codes or self._marked(response):
+            header = retry_after_seconds(response.headers.get(b"Retry-After"))
+            return "blocked", header if header is not None else self.blocked_retry_after
+        if response.status in self.error_codes:
+            return "error", None
+        return "ok", None
+
+    def _marked(self, response: Response) -> bool:
+        if self.markers is None or not isinstance(response, TextResponse):
+            return False
+        text = response.body[:MARKER_SCAN].decode(response.encoding or "utf-8", "replace")
+        return self.markers.search(text) is not None
+
+
 class LeasedProxyMiddleware:
     """Lease a proxy per request, report how it did, release it (module docstring, docs/scrapy.md).
 
@@ -164,22 +211,16 @@ class LeasedProxyMiddleware:
         self.using = None if using is None else check_alias(using, "RESOURCE_LEASE_USING")
         where = settings.get("RESOURCE_LEASE_WHERE")
         self.where = None if where is None else check_where(dict(where), "RESOURCE_LEASE_WHERE")
-        ttl = _seconds_or_none(settings, "RESOURCE_LEASE_TTL")
-        self.ttl = float(DEFAULTS["RESOURCE_LEASE_TTL"]) if ttl is None else ttl
-        # None: wait in line until a proxy is free (holding one of CONCURRENT_REQUESTS meanwhile).
-        self.timeout = _seconds_or_none(settings, "RESOURCE_LEASE_TIMEOUT", allow_zero=True)
+        self.ttl = _seconds(settings, "RESOURCE_LEASE_TTL")
+        # Seconds a request waits in line for a proxy (holding one of CONCURRENT_REQUESTS
+        # meanwhile); 0: one attempt.
+        self.timeout = _seconds(settings, "RESOURCE_LEASE_TIMEOUT", allow_zero=True)
         retries = settings.get("RESOURCE_LEASE_NO_PROXY_RETRIES", DEFAULTS["RESOURCE_LEASE_NO_PROXY_RETRIES"])
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(f"RESOURCE_LEASE_NO_PROXY_RETRIES must be an integer >= 0, got {retries!r}")
         self.no_proxy_retries = retries
         self.reporting = settings.getbool("RESOURCE_LEASE_REPORT", True)
-        self.blocked_codes = _codes(settings, "RESOURCE_LEASE_BLOCKED_CODES")
-        self.error_codes = _codes(settings, "RESOURCE_LEASE_ERROR_CODES")
-        both = self.blocked_codes & self.error_codes
-        if both:
-            raise ValueError(f"RESOURCE_LEASE_BLOCKED_CODES and RESOURCE_LEASE_ERROR_CODES share {sorted(both)}")
-        self.markers = _markers(settings)
-        self.blocked_retry_after = _seconds_or_none(settings, "RESOURCE_LEASE_BLOCKED_RETRY_AFTER")
+        self.verdicts = Verdicts.from_settings(settings)
         threads = settings.get("RESOURCE_LEASE_THREADS")
         if threads is None:
             threads = settings.getint("CONCURRENT_REQUESTS", 16)
@@ -325,22 +366,9 @@ class LeasedProxyMiddleware:
     # -- judging a response -------------------------------------------------------------------
 
     def outcome(self, request: Request, response: Response) -> tuple[str, float | None] | None:
-        """How the proxy did: ``("blocked", retry_after)`` for a status of
-        RESOURCE_LEASE_BLOCKED_CODES or a ban marker in the body (``retry_after`` from the
-        ``Retry-After`` header, else RESOURCE_LEASE_BLOCKED_RETRY_AFTER); ``("error", None)``
-        for RESOURCE_LEASE_ERROR_CODES; else ``("ok", None)``: the proxy brought an answer."""
-        if response.status in self.blocked_codes or self._marked(response):
-            header = retry_after_seconds(response.headers.get(b"Retry-After"))
-            return "blocked", header if header is not None else self.blocked_retry_after
-        if response.status in self.error_codes:
-            return "error", None
-        return "ok", None
-
-    def _marked(self, response: Response) -> bool:
-        if self.markers is None or not isinstance(response, TextResponse):
-            return False
-        text = response.body[:MARKER_SCAN].decode(response.encoding or "utf-8", "replace")
-        return self.markers.search(text) is not None
+        """What to report of ``response``: ``(outcome, retry_after)``, or None for nothing
+        (``Verdicts.outcome``: the settings' blocked and error codes and ban markers)."""
+        return self.verdicts.outcome(response)
 
     # -- pieces -------------------------------------------------------------------------------
 
@@ -378,4 +406,4 @@ def _django_ready() -> None:
     django.setup()
 
 
-__all__ = ["LeasedProxyMiddleware", "retry_after_seconds"]
+__all__ = ["LeasedProxyMiddleware", "Verdicts", "retry_after_seconds"]

@@ -1,0 +1,196 @@
+"""``resource_lease.contrib.scrapy.LeasedProxyMiddleware`` with a real Scrapy crawl.
+
+A crawl (tests/procs/scrapy_crawl.py, its own process) fetches pages of two sites through the
+local simulator (project/bench/crawl_site.py: 8 proxy ports, each site banning a quarter of
+them), the pool's resources pointing at its ports. What the crawl saw, what the simulator
+logged and what the database holds afterwards are compared; nothing is timed.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scrapy.http import HtmlResponse, Response, TextResponse
+from scrapy.settings import Settings
+
+from project.bench.crawl_site import Simulator
+from resource_lease.contrib.scrapy import LeasedProxyMiddleware, Verdicts, retry_after_seconds
+from resource_lease.models import Resource
+from resource_lease.pool import HELD, with_state
+from tests.conftest import REPO, spawn
+
+KIND = "scrapy-test"
+PROXIES = 8
+#: Each site bans 2 of the 8 proxies (seed 1: site-0 bans 2 and 4, site-1 bans 1 and 2).
+SITES = 2
+PAGES = 20
+
+
+@pytest.fixture
+def simulator(tmp_path: Path, transactional_db: None) -> Iterator[Simulator]:
+    sim = Simulator(str(tmp_path / "simulator.log"), proxies=PROXIES, sites=SITES, seed=1)
+    sim.start(cwd=str(REPO))
+    try:
+        Resource.objects.bulk_create(
+            Resource(kind=KIND, name=f"proxy-{i}", data={"url": url}) for i, url in enumerate(sim.proxy_urls)
+        )
+        yield sim
+    finally:
+        sim.stop()
+
+
+def _crawl(sim: Simulator, tmp_path: Path, *args: str) -> dict[str, Any]:
+    out, log = tmp_path / "crawl.json", tmp_path / "crawl.log"
+    with open(log, "w") as stream:
+        proc = spawn(
+            "tests.procs.scrapy_crawl",
+            *("--kind", KIND, "--sites", ",".join(sim.sites), "--pages", str(PAGES), "--out", str(out), *args),
+            stdout=stream,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+    assert proc.returncode == 0, log.read_text()[-3000:]
+    result: dict[str, Any] = json.loads(out.read_text())
+    result["log"] = log.read_text()
+    return result
+
+
+def _held() -> int:
+    return with_state(Resource.objects.filter(kind=KIND)).filter(state=HELD).count()
+
+
+def test_a_crawl_goes_through_leased_proxies_reports_each_response_and_leaves_nothing_held(
+    simulator: Simulator, tmp_path: Path
+) -> None:
+    crawl = _crawl(simulator, tmp_path)
+    stats, pages, answers = crawl["stats"], crawl["pages"], simulator.log()
+    urls = {r.data["url"]: r.name for r in Resource.objects.filter(kind=KIND)}
+
+    # Every page was fetched, each through a proxy of the pool, named as leased.
+    assert sorted(p["url"] for p in pages) == sorted(f"http://{s}/p/{i}" for s in simulator.sites for i in range(PAGES))
+    assert all(p["status"] == 200 and urls[p["proxy"]] == p["resource"] for p in pages)
+    # Every request went through a lease, and the simulator answered each one.
+    assert stats["resource_lease/leased"] == stats["downloader/request_count"] == len(answers)
+    # Each answer was reported: 200 ok, 403 blocked.
+    statuses = collections.Counter(status for _, _, _, status in answers)
+    assert set(statuses) <= {200, 403}, statuses  # 8 proxies x 10 a minute: no 429 for 20 pages a site
+    assert stats["resource_lease/report/ok"] == statuses[200]
+    assert stats.get("resource_lease/report/blocked", 0) == statuses[403] > 0
+
+    # A blocked report is recorded: the error score of exactly the proxies that were blocked
+    # (an "ok" halves a score, never to zero).
+    blocked = {proxy for _, proxy, _, status in answers if status == 403}
+    scores = dict(Resource.objects.filter(kind=KIND).values_list("name", "health_score"))
+    assert {name for name, score in scores.items() if score > 0} == {f"proxy-{i}" for i in blocked}
+
+    # The cooldown for the site that blocked it held: no proxy was sent to a site that had
+    # banned it twice (the proxy is leased to one request at a time, reported before released).
+    banned_hits = collections.Counter((proxy, site) for _, proxy, site, status in answers if status == 403)
+    assert max(banned_hits.values()) == 1, banned_hits
+    # ... and for that site only: a proxy banned by one site went on serving the other after its
+    # 403 (a quarantine of the whole proxy would have kept it from both).
+    blocked_at = {(proxy, site): t for t, proxy, site, status in answers if status == 403}
+    served_after = {
+        (proxy, site)
+        for (proxy, site), t in blocked_at.items()
+        if any(p == proxy and s != site and status == 200 and u > t for u, p, s, status in answers)
+    }
+    assert served_after, (blocked_at, answers)
+
+    # Nothing is left held.
+    assert _held() == 0
+
+
+def test_negative_control_without_reports_banned_proxies_keep_being_sent_to_the_sites_that_ban_them(
+    simulator: Simulator, tmp_path: Path
+) -> None:
+    # The default (epoll) reactor here, the asyncio one above: the middleware works on both.
+    crawl = _crawl(simulator, tmp_path, "--no-report", "--reactor", "default")
+    answers = simulator.log()
+
+    banned_hits = collections.Counter((proxy, site) for _, proxy, site, status in answers if status == 403)
+    assert max(banned_hits.values()) > 1, banned_hits  # what the test above shows never happens with reports
+    assert "resource_lease/report/blocked" not in crawl["stats"]
+    assert not Resource.objects.filter(kind=KIND, health_score__gt=0).exists()
+    assert crawl["stats"]["resource_lease/leased"] == len(answers)
+    assert _held() == 0
+
+
+# -- judging responses, and the settings ------------------------------------------------------------
+
+
+def _response(status: int, body: bytes = b"<html>fine</html>", **headers: str) -> Response:
+    return HtmlResponse("http://site-0.test/p/1", status=status, body=body, headers=headers)
+
+
+def test_responses_are_judged_by_status_retry_after_and_ban_markers() -> None:
+    verdicts = Verdicts.from_settings(Settings({"RESOURCE_LEASE_BAN_MARKERS": ["g-recaptcha"]}))
+
+    assert verdicts.outcome(_response(200)) == ("ok", None)
+    assert verdicts.outcome(_response(404)) == ("ok", None)  # the proxy brought the site's answer
+    assert verdicts.outcome(_response(500)) == ("ok", None)
+    assert verdicts.outcome(_response(407)) == ("error", None)  # the proxy refused us
+    assert verdicts.outcome(_response(403)) == ("blocked", 300.0)  # RESOURCE_LEASE_BLOCKED_RETRY_AFTER
+    assert verdicts.outcome(_response(429, **{"Retry-After": "42"})) == ("blocked", 42.0)
+    assert verdicts.outcome(_response(200, b'<div class="G-reCAPTCHA"></div>')) == ("blocked", 300.0)
+    # Markers are looked for in text only.
+    binary = Response("http://site-0.test/a.bin", status=200, body=b"g-recaptcha")
+    assert verdicts.outcome(binary) == ("ok", None)
+    assert isinstance(_response(200), TextResponse)
+
+    without = Verdicts.from_settings(Settings({"RESOURCE_LEASE_BLOCKED_RETRY_AFTER": 0}))
+    assert without.outcome(_response(403)) == ("blocked", None)
+    assert without.outcome(_response(200, b"g-recaptcha")) == ("ok", None)  # no markers by default
+
+
+def test_retry_after_is_read_as_seconds_or_an_http_date() -> None:
+    assert retry_after_seconds(b"120") == 120.0
+    assert retry_after_seconds("0") == 1.0  # a cooldown is > 0
+    assert retry_after_seconds("Sat, 28 Nov 2026 12:01:00 GMT", now=1795867200.0) == 60.0
+    assert retry_after_seconds("soon") is None
+    assert retry_after_seconds(None) is None
+    assert retry_after_seconds("nan") is None
+
+
+class _Crawler:
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.settings = Settings(settings)
+        self.stats = None
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({}, "RESOURCE_LEASE_KIND is not set"),
+        ({"RESOURCE_LEASE_KIND": ""}, "RESOURCE_LEASE_KIND"),
+        ({"RESOURCE_LEASE_KIND": "proxy", "RESOURCE_LEASE_TTL": 0}, "RESOURCE_LEASE_TTL"),
+        ({"RESOURCE_LEASE_KIND": "proxy", "RESOURCE_LEASE_TIMEOUT": "soon"}, "RESOURCE_LEASE_TIMEOUT"),
+        ({"RESOURCE_LEASE_KIND": "proxy", "RESOURCE_LEASE_WHERE": {"region": ["eu"]}}, "RESOURCE_LEASE_WHERE"),
+        ({"RESOURCE_LEASE_KIND": "proxy", "RESOURCE_LEASE_BLOCKED_CODES": [403, 999]}, "RESOURCE_LEASE_BLOCKED_CODES"),
+        ({"RESOURCE_LEASE_KIND": "proxy", "RESOURCE_LEASE_ERROR_CODES": [403]}, "share \\[403\\]"),
+        ({"RESOURCE_LEASE_KIND": "proxy", "RESOURCE_LEASE_BAN_MARKERS": [""]}, "RESOURCE_LEASE_BAN_MARKERS"),
+        ({"RESOURCE_LEASE_KIND": "proxy", "RESOURCE_LEASE_THREADS": 0}, "RESOURCE_LEASE_THREADS"),
+        ({"RESOURCE_LEASE_KIND": "proxy", "RESOURCE_LEASE_NO_PROXY_RETRIES": -1}, "RESOURCE_LEASE_NO_PROXY_RETRIES"),
+    ],
+)
+def test_bad_settings_are_a_clear_error_at_start(settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        LeasedProxyMiddleware.from_crawler(_Crawler(settings))  # type: ignore[arg-type]
+
+
+def test_the_middleware_can_be_switched_off() -> None:
+    from scrapy.exceptions import NotConfigured
+
+    with pytest.raises(NotConfigured):
+        LeasedProxyMiddleware.from_crawler(_Crawler({"RESOURCE_LEASE_ENABLED": False}))  # type: ignore[arg-type]
