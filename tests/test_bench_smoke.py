@@ -77,6 +77,13 @@ def test_smoke_mode_runs_every_scenario_on_the_test_database(tmp_path: Path) -> 
         # What a waiter costs the database is counted (the line's looks, attempts, places).
         assert engine["statements_per_waiter_s"] is not None and engine["line"]["entered"] >= 0
 
+    crawl = _result(tmp_path, "crawl")
+    assert list(crawl["results"]) == ["pool", "plain", "peer"]
+    for figures in crawl["results"].values():
+        # The crawlers' own count of requests is what the simulator answered.
+        assert figures["requests"] == figures["simulator_answers"] > 0
+        assert figures["ok"] + figures["forbidden"] + figures["too_many"] + figures["errors"] == figures["requests"]
+
     assert not Resource.objects.filter(kind__startswith=KIND_PREFIX).exists()
 
 

@@ -185,6 +185,10 @@ def summary_lines(doc: Doc) -> list[str]:
         from project.bench import http_bench
 
         lines += http_bench.summary(doc)
+    elif scenario == "crawl":
+        from project.bench import crawl_bench
+
+        lines += crawl_bench.summary(doc)
     elif scenario == "crash":
         header = [
             "database",
@@ -461,4 +465,8 @@ def plot(doc: Doc, out: Path) -> Path:
         from project.bench import http_bench
 
         return http_bench.plot(doc, out / "http.png")
+    if doc["scenario"] == "crawl":
+        from project.bench import crawl_bench
+
+        return crawl_bench.plot(doc, out / "crawl.png")
     return PLOTS[doc["scenario"]](doc, out / f"{doc['scenario']}.png")

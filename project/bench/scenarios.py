@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from project.bench import vendor
+from project.bench.crawl_bench import crawl
 from project.bench.http_bench import http
 from project.bench.liveness import liveness
 from project.bench.stats import cdf_sample, jain, latency_summary, percentile
@@ -74,6 +75,11 @@ class Plan:
     http_clients: tuple[int, ...] = (8, 64)
     http_duration: float = 3.0
     http_rounds: int = 30
+    #: The crawl scenario: crawler processes, proxies, sites, seconds per contender.
+    crawl_crawlers: int = 64
+    crawl_proxies: int = 40
+    crawl_sites: int = 8
+    crawl_duration: float = 60.0
 
     def adjusted(self, **changes: Any) -> Plan:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
@@ -107,6 +113,10 @@ SMOKE = Plan(
     http_clients=(1,),
     http_duration=0.3,
     http_rounds=2,
+    crawl_crawlers=4,
+    crawl_proxies=8,
+    crawl_sites=2,
+    crawl_duration=1.0,
 )
 
 
@@ -477,4 +487,5 @@ SCENARIOS: dict[str, tuple[Callable[[Context], dict[str, Any]], str]] = {
     "waiting": (waiting, "Waiting: served in line, against ZooKeeper and Redis locks"),
     "liveness": (liveness, "Liveness: every primitive that waits, woken at release (grants/s, release-to-grant gap)"),
     "http": (http, "Lease over HTTP: cycles/s against Python callers and etcd's lock, and the long-poll hand-off gap"),
+    "crawl": (crawl, "Crawl: shared proxies, sites that ban and rate-limit them"),
 }

@@ -150,6 +150,12 @@ class Command(BaseCommand):
             action="store_true",
             help="waiting scenario: leave out ZooKeeper (kazoo) and the Redis locks",
         )
+        parser.add_argument(
+            "--crawl-seconds", type=_positive_float, help="crawl scenario: seconds per contender (default 60)"
+        )
+        parser.add_argument(
+            "--crawlers", type=_positive_int, help="crawl scenario: crawler processes (default 64; smoke: 4)"
+        )
         parser.add_argument("--replot", action="store_true", help="redraw plots and the table from --out's JSON")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -168,6 +174,8 @@ class Command(BaseCommand):
             waiting_cases=options["waiting_cases"],
             before=options["before"],
             peers=False if options["no_peers"] else None,
+            crawl_duration=options["crawl_seconds"],
+            crawl_crawlers=options["crawlers"],
         )
         names: list[str] = options["scenario"] or list(SCENARIOS)
         names = list(dict.fromkeys(names))
