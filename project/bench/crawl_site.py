@@ -6,7 +6,7 @@ absolute form (``GET http://site-3.test/p/17 HTTP/1.1``, the Host header naming 
 client speaks to a proxy) and the "proxy" answers as the site itself, forwarding nothing:
 
 - each of the S sites bans a fixed random quarter of the proxies (403 to every request of
-  theirs; which ones follows from the seed alone);
+  theirs; which ones follows from ``--seed`` alone);
 - a proxy that has been served ``rate`` answers by one site in the last ``per`` seconds gets
   429 with ``Retry-After`` (whole seconds until the oldest of them leaves the window);
 - otherwise 200 with a small HTML body.
