@@ -45,12 +45,12 @@ def simulator(tmp_path: Path, transactional_db: None) -> Iterator[Simulator]:
         sim.stop()
 
 
-def _crawl(sim: Simulator, tmp_path: Path, *args: str) -> dict[str, Any]:
+def _crawl(sim: Simulator, tmp_path: Path, *args: str, pages: int = PAGES) -> dict[str, Any]:
     out, log = tmp_path / "crawl.json", tmp_path / "crawl.log"
     with open(log, "w") as stream:
         proc = spawn(
             "tests.procs.scrapy_crawl",
-            *("--kind", KIND, "--sites", ",".join(sim.sites), "--pages", str(PAGES), "--out", str(out), *args),
+            *("--kind", KIND, "--sites", ",".join(sim.sites), "--pages", str(pages), "--out", str(out), *args),
             stdout=stream,
             stderr=subprocess.STDOUT,
         )
@@ -124,6 +124,24 @@ def test_negative_control_without_reports_banned_proxies_keep_being_sent_to_the_
     assert "resource_lease/report/blocked" not in crawl["stats"]
     assert not Resource.objects.filter(kind=KIND, health_score__gt=0).exists()
     assert crawl["stats"]["resource_lease/leased"] == len(answers)
+    assert _held() == 0
+
+
+def test_a_download_longer_than_the_ttl_keeps_its_lease_and_its_report_counts(
+    simulator: Simulator, tmp_path: Path
+) -> None:
+    # Pages answered after 5 s, leases of 3 s: renewed in the background (every ttl/3) while the
+    # download runs, so the report after it is accepted (a lost lease's report is refused).
+    crawl = _crawl(simulator, tmp_path, "--delay", "5", "--ttl", "3", pages=2)
+    stats = crawl["stats"]
+
+    assert len(crawl["pages"]) == 2 * SITES
+    assert stats["resource_lease/leased"] == stats["downloader/request_count"]
+    assert "resource_lease/report/refused" not in stats
+    reported = sum(stats.get(f"resource_lease/report/{o}", 0) for o in ("ok", "blocked", "error"))
+    assert reported == stats["downloader/response_count"]
+    used = {p["resource"] for p in crawl["pages"]}
+    assert all(Resource.objects.filter(kind=KIND, name__in=used).values_list("renewed_at", flat=True))
     assert _held() == 0
 
 

@@ -11,7 +11,8 @@ client speaks to a proxy) and the "proxy" answers as the site itself, forwarding
   429 with ``Retry-After`` (whole seconds until the oldest of them leaves the window);
 - otherwise 200 with a small HTML body.
 
-A request for a host that is no site gets 404. Every answer is one line of the log
+A page asked for with ``?delay=S`` is answered after S seconds (a slow download). A request
+for a host that is no site gets 404. Every answer is one line of the log
 (``--log``: ``time proxy site status``, tab-separated; ``proxy`` the port's index). When
 ready, the process prints one JSON line on stdout: ``{"ports": [...], "banned": {site:
 [proxy indices]}}``; it runs until SIGTERM or SIGINT.
@@ -33,7 +34,7 @@ import sys
 import time
 from collections.abc import Sequence
 from typing import IO
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 #: Each site bans this share of the proxies.
 BANNED_SHARE = 0.25
@@ -84,6 +85,19 @@ class Sites:
         return status, headers, body
 
 
+#: The longest ``?delay=`` a page may ask for, in seconds.
+MAX_DELAY = 30.0
+
+
+def _delay(query: str) -> float:
+    for value in parse_qs(query).get("delay", []):
+        try:
+            return min(MAX_DELAY, max(0.0, float(value)))
+        except ValueError:
+            return 0.0
+    return 0.0
+
+
 REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found", 429: "Too Many Requests"}
 
 
@@ -106,6 +120,9 @@ async def _serve(sites: Sites, proxy: int, reader: asyncio.StreamReader, writer:
                 status, body = 400, b"bad request line\n"
             else:
                 target = urlsplit(parts[1])
+                delay = _delay(target.query)
+                if delay:
+                    await asyncio.sleep(delay)  # a slow page: ?delay=seconds (at most MAX_DELAY)
                 host = (headers.get("host") or target.netloc or "").split(":")[0].lower()
                 status, extra, body = sites.answer(proxy, host, target.path or "/")
             close = headers.get("connection", "").lower() == "close" or (len(parts) == 3 and parts[2] == "HTTP/1.0")

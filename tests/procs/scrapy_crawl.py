@@ -1,7 +1,7 @@
 """A real Scrapy crawl through ``LeasedProxyMiddleware`` (tests/test_scrapy.py).
 
     python -m tests.procs.scrapy_crawl --kind K --sites site-0.test,site-1.test --pages 12 --out FILE
-        [--no-report] [--reactor asyncio|default]
+        [--no-report] [--reactor asyncio|default] [--delay S --ttl S]
 
 Fetches ``http://<site>/p/<i>`` for every site and page through proxies leased from K, retrying
 403 and 429 (each retry leases anew). Writes one JSON document to ``--out``: the pages fetched
@@ -25,6 +25,8 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--no-report", action="store_true")
     parser.add_argument("--reactor", choices=["asyncio", "default"], default="asyncio")
+    parser.add_argument("--delay", type=float, default=0.0, help="each page answered after this many seconds")
+    parser.add_argument("--ttl", type=float, default=60.0)
     args = parser.parse_args()
     setup()
 
@@ -32,7 +34,9 @@ def main() -> None:
     from scrapy.crawler import CrawlerProcess
 
     pages: list[dict[str, Any]] = []
-    urls = [f"http://{site}/p/{i}" for site in args.sites.split(",") for i in range(args.pages)]
+    query = f"?delay={args.delay:g}" if args.delay else ""
+    # Interleaved: the scheduler's queue is last in, first out, and both sites should be crawled at once.
+    urls = [f"http://{site}/p/{i}{query}" for i in range(args.pages) for site in args.sites.split(",")]
 
     class Pages(scrapy.Spider):
         name = "pages"
@@ -62,6 +66,7 @@ def main() -> None:
             "RESOURCE_LEASE_KIND": args.kind,
             "RESOURCE_LEASE_REPORT": not args.no_report,
             "RESOURCE_LEASE_TIMEOUT": 20,
+            "RESOURCE_LEASE_TTL": args.ttl,
             "TWISTED_REACTOR": reactor,
             "CONCURRENT_REQUESTS": 8,
             "CONCURRENT_REQUESTS_PER_DOMAIN": 8,
