@@ -45,12 +45,12 @@ def simulator(tmp_path: Path, transactional_db: None) -> Iterator[Simulator]:
         sim.stop()
 
 
-def _crawl(sim: Simulator, tmp_path: Path, *args: str, pages: int = PAGES) -> dict[str, Any]:
+def _crawl(sim: Simulator, tmp_path: Path, *args: str, pages: int = PAGES, kind: str = KIND) -> dict[str, Any]:
     out, log = tmp_path / "crawl.json", tmp_path / "crawl.log"
     with open(log, "w") as stream:
         proc = spawn(
             "tests.procs.scrapy_crawl",
-            *("--kind", KIND, "--sites", ",".join(sim.sites), "--pages", str(pages), "--out", str(out), *args),
+            *("--kind", kind, "--sites", ",".join(sim.sites), "--pages", str(pages), "--out", str(out), *args),
             stdout=stream,
             stderr=subprocess.STDOUT,
         )
@@ -143,6 +143,16 @@ def test_a_download_longer_than_the_ttl_keeps_its_lease_and_its_report_counts(
     used = {p["resource"] for p in crawl["pages"]}
     assert all(Resource.objects.filter(kind=KIND, name__in=used).values_list("renewed_at", flat=True))
     assert _held() == 0
+
+
+def test_a_kind_without_proxies_drops_each_request_at_once_and_the_crawl_ends(
+    simulator: Simulator, tmp_path: Path
+) -> None:
+    crawl = _crawl(simulator, tmp_path, pages=2, kind="scrapy-test-none")
+
+    assert crawl["pages"] == [] and simulator.log() == []  # nothing went out without a proxy
+    assert crawl["stats"]["resource_lease/no_proxy"] == 2 * SITES  # once each: no kind, no waiting
+    assert "there are no resources of kind 'scrapy-test-none'" in crawl["log"]
 
 
 # -- judging responses, and the settings ------------------------------------------------------------

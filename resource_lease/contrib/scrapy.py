@@ -374,6 +374,9 @@ class LeasedProxyMiddleware:
 
     def _requeue(self, request: Request, exc: NoResourceAvailable) -> Request:
         tries = int(request.meta.get(_REQUEUED, 0))
+        if not exc.exists:  # the kind has no proxies at all: waiting again would not help
+            logger.error("giving up %s: %s", request, exc)
+            raise IgnoreRequest(str(exc)) from exc
         if tries >= self.no_proxy_retries:
             logger.error("giving up %s: %s (put back %d times)", request, exc, tries)
             raise IgnoreRequest(f"no proxy of kind {self.kind!r}: {exc}") from exc
