@@ -96,9 +96,11 @@ def _figures(results: list[dict[str, Any]], duration: float, answers: int) -> di
         "simulator_answers": answers,
         **{key: round(value, 2) if isinstance(value, float) else value for key, value in total.items()},
     }
-    grants = requests + total["no_proxy"]
-    if grants and total["db_seconds"]:
-        figures["db_ms_per_request"] = round(1000 * total["db_seconds"] / max(1, requests), 2)
+    if requests and total["acquire_seconds"]:
+        # Per request sent: the time spent getting a proxy (waits in line and attempts that
+        # found none included), and the report and release after it.
+        figures["acquire_ms_per_request"] = round(1000 * total["acquire_seconds"] / requests, 2)
+        figures["finish_ms_per_request"] = round(1000 * total["finish_seconds"] / requests, 2)
     return figures
 
 
@@ -135,7 +137,12 @@ def crawl(ctx: Context) -> dict[str, Any]:
                         # The sites' rate as the pool's target_rate; a ban costs the proxy its
                         # health only after several sites have banned it.
                         pool_policy(
-                            kind, error_threshold=3.0, error_decay=0.5, backoff=(30, 600), target_rate=(RATE, PER)
+                            kind,
+                            using=alias,
+                            error_threshold=3.0,
+                            error_decay=0.5,
+                            backoff=(30, 600),
+                            target_rate=(RATE, PER),
                         )
                     options = {"sites": sites, "kind": kind, "proxies": ",".join(sim.proxy_urls)}
                     ctx.settle()
@@ -170,8 +177,9 @@ def summary(doc: dict[str, Any]) -> list[str]:
             f" {result['duration_s']:g} s each"
         )
         lines += [
-            "| contender | useful/s | requests/s | wasted | 403 | 429 | errors | no proxy in time | DB ms/request |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| contender | useful/s | requests/s | wasted | 403 | 429 | errors | no proxy in 1 s"
+            " | acquire ms/request | report+release ms/request |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for mode in MODES:
             r = result["results"].get(mode)
@@ -180,7 +188,8 @@ def summary(doc: dict[str, Any]) -> list[str]:
             wasted = "-" if r["wasted_share"] is None else f"{100 * r['wasted_share']:.1f}%"
             lines.append(
                 f"| {LABELS[mode]} | {r['useful_per_s']} | {r['requests_per_s']} | {wasted} | {r['forbidden']} |"
-                f" {r['too_many']} | {r['errors']} | {r['no_proxy']} | {r.get('db_ms_per_request', '-')} |"
+                f" {r['too_many']} | {r['errors']} | {r['no_proxy']} | {r.get('acquire_ms_per_request', '-')} |"
+                f" {r.get('finish_ms_per_request', '-')} |"
             )
         lines.append("")
     return lines

@@ -120,7 +120,19 @@ class Rotation:
 def crawl(args: argparse.Namespace) -> dict[str, Any]:
     sites = args.sites.split(",")
     counts: dict[str, float] = dict.fromkeys(
-        ("requests", "ok", "forbidden", "too_many", "errors", "other", "no_proxy", "refused_reports", "db_seconds"), 0
+        (
+            "requests",
+            "ok",
+            "forbidden",
+            "too_many",
+            "errors",
+            "other",
+            "no_proxy",
+            "refused_reports",
+            "acquire_seconds",
+            "finish_seconds",
+        ),
+        0,
     )
     rotation = Rotation(args.proxies.split(",")) if args.mode == "peer" else None
     if args.mode != "peer":
@@ -159,9 +171,9 @@ def crawl(args: argparse.Namespace) -> dict[str, Any]:
                 lease = acquire(args.kind, ttl=30, timeout=ACQUIRE_TIMEOUT)
         except NoResourceAvailable:
             counts["no_proxy"] += 1
-            counts["db_seconds"] += time.monotonic() - started
+            counts["acquire_seconds"] += time.monotonic() - started
             continue
-        counts["db_seconds"] += time.monotonic() - started
+        counts["acquire_seconds"] += time.monotonic() - started
         status, retry_after = fetch(lease.resource.data["url"], site, page)
         count(status)
         started = time.monotonic()
@@ -176,7 +188,7 @@ def crawl(args: argparse.Namespace) -> dict[str, Any]:
             except LeaseLost:
                 counts["refused_reports"] += 1
         lease.release()
-        counts["db_seconds"] += time.monotonic() - started
+        counts["finish_seconds"] += time.monotonic() - started
     return counts
 
 
