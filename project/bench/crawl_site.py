@@ -216,7 +216,7 @@ class Simulator:
         return rows
 
     def __enter__(self) -> Simulator:
-        return self.start()
+        return self if self.proc is not None else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
