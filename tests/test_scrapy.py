@@ -20,7 +20,7 @@ from scrapy.http import HtmlResponse, Response, TextResponse
 from scrapy.settings import Settings
 
 from project.bench.crawl_site import Simulator
-from resource_lease.contrib.scrapy import LeasedProxyMiddleware, Verdicts, retry_after_seconds
+from resource_lease.contrib.scrapy import LeasedProxyMiddleware, Verdicts, proxy_url, retry_after_seconds
 from resource_lease.models import Resource
 from resource_lease.pool import HELD, with_state
 from tests.conftest import REPO, spawn
@@ -189,6 +189,16 @@ def test_retry_after_is_read_as_seconds_or_an_http_date() -> None:
     assert retry_after_seconds("soon") is None
     assert retry_after_seconds(None) is None
     assert retry_after_seconds("nan") is None
+
+
+def test_the_proxy_url_comes_from_the_resources_data() -> None:
+    assert proxy_url({"url": "http://u:p@10.0.0.1:8080"}) == "http://u:p@10.0.0.1:8080"
+    assert proxy_url({"url": "HTTPS://10.0.0.1:8443"}) == "HTTPS://10.0.0.1:8443"
+    assert proxy_url({"url": "10.0.0.1:3128"}) == "http://10.0.0.1:3128"
+    assert proxy_url({"url": "socks5://10.0.0.1:1080"}) is None  # Scrapy speaks no SOCKS
+    assert proxy_url({"url": ""}) is None
+    assert proxy_url({"n": 1}) is None
+    assert proxy_url(None) is None
 
 
 class _Crawler:

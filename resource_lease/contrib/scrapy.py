@@ -141,6 +141,19 @@ def retry_after_seconds(value: bytes | str | None, now: float | None = None) -> 
     return max(1.0, seconds)
 
 
+def proxy_url(data: Any) -> str | None:
+    """The proxy URL Scrapy gets from a resource's ``data["url"]`` (``host:port`` read as
+    ``http://``, as ``seed_proxies`` does), or None when there is none or its scheme is not
+    ``http``/``https``."""
+    url = data.get("url") if isinstance(data, dict) else None
+    if not isinstance(url, str) or not url.strip():
+        return None
+    url = url.strip()
+    if "://" not in url:
+        url = f"http://{url}"
+    return url if url.split("://", 1)[0].lower() in ("http", "https") else None
+
+
 class Verdicts:
     """How a response is judged (the RESOURCE_LEASE_BLOCKED_CODES, _ERROR_CODES, _BAN_MARKERS
     and _BLOCKED_RETRY_AFTER settings)."""
@@ -320,13 +333,18 @@ class LeasedProxyMiddleware:
         except NoResourceAvailable as exc:
             self._inc("resource_lease/no_proxy")
             return self._requeue(request, exc)
-        url = lease.resource.data.get("url") if isinstance(lease.resource.data, dict) else None
-        if not isinstance(url, str) or not url:
-            self._finish_later(lease, "error", None)
-            raise IgnoreRequest(f'resource {lease.resource} of kind {self.kind!r} has no proxy URL in data["url"]')
+        url = proxy_url(lease.resource.data)
+        if url is None:
+            self._finish_later(lease, None, None)  # not the proxy's fault: released, not reported
+            message = (
+                f"resource {lease.resource.name!r} of kind {self.kind!r} is no proxy Scrapy can use: its"
+                ' data["url"] must be http:// or https:// (Scrapy speaks no SOCKS; keep those in another kind)'
+            )
+            logger.error("%s", message)
+            raise IgnoreRequest(message)
         request.meta[LEASE_KEY] = lease
         request.meta[NAME_KEY] = lease.resource.name
-        request.meta["proxy"] = request.meta[_PROXY_SET] = url if "://" in url else f"http://{url}"
+        request.meta["proxy"] = request.meta[_PROXY_SET] = url
         self._inc("resource_lease/leased")
         return None
 
@@ -409,4 +427,4 @@ def _django_ready() -> None:
     django.setup()
 
 
-__all__ = ["LeasedProxyMiddleware", "Verdicts", "retry_after_seconds"]
+__all__ = ["LeasedProxyMiddleware", "Verdicts", "proxy_url", "retry_after_seconds"]
