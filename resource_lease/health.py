@@ -28,7 +28,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from resource_lease import signals
+from resource_lease import signals, targets
 from resource_lease.conf import lease_settings
 from resource_lease.db.health_operations import Health
 from resource_lease.db.operations import ops
@@ -280,6 +280,11 @@ def report(lease: Any, outcome: str, retry_after: float | None) -> Health:
     if lease.kind.startswith(COORDINATION_PREFIX):
         raise LeaseError(f"{lease!r}: report() is for a pool's resources, not for {lease.kind!r} rows")
     lease.check()
+    if hold and getattr(lease, "target", None) is not None:
+        # Blocked by one target: the resource cools down for it alone (``targets``), and the
+        # report adds to its score as any failure does; it is not quarantined for others.
+        targets.cool(lease, hold)
+        hold = 0.0
     policy = policy_of(lease.using, lease.kind)
     key = {"pk": lease.resource.pk, "holder": lease.holder, "fence": lease.fence}
     level = level_of(lease)

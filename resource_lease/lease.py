@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import transaction
 
-from resource_lease import health, line, pool, renewal, signals
+from resource_lease import health, line, pool, renewal, signals, targets
 from resource_lease.audit import acting_as
 from resource_lease.conf import lease_settings
 from resource_lease.db.connections import refuse_on_event_loop
@@ -39,6 +39,7 @@ from resource_lease.validation import (
     check_kind,
     check_priority,
     check_seconds,
+    check_target,
     check_timeout,
     check_where,
 )
@@ -222,6 +223,10 @@ class Lease:
         #: The resource's backoff level as granted, and whether a report of this grant has
         #: quarantined it (``health``; None: not carried by the grant, read on first use).
         self.granted_level, self.tripped = health.level_as_granted(resource), False
+        #: What the grant is for (``acquire(target=...)``; None: nothing named), and the
+        #: cooldown its release sets for it unless told otherwise (``targets``).
+        self.target: str | None = None
+        self.default_cooldown = 0.0
 
     def __repr__(self) -> str:
         state = "released" if self._released else "lost" if self.lost_event.is_set() else "held"
@@ -320,12 +325,22 @@ class Lease:
             return False
         return self._ops().is_held(**self._key())
 
-    def release(self) -> bool:
+    def release(self, cooldown: float | None = None) -> bool:
         """Give the resource back. True if it was ours and is free now; False if it had
-        expired or been taken (another holder's lease is never touched)."""
+        expired or been taken (another holder's lease is never touched). ``cooldown``: seconds
+        before the resource may be granted again for this lease's target (default: the
+        policy's ``cooldown``; docs/learning.md#targets); other targets are unaffected."""
         if os.getpid() != self._pid:
             return False  # a forked child never releases its parent's lease
         refuse_on_event_loop("release")  # before anything changes here
+        seconds = targets.release_cooldown(self, cooldown)
+        if seconds > 0 and not self._released:
+            # Before the release (a grant for the target right after it must see it), and
+            # before anything changes here: a database error leaves the lease as it was.
+            try:
+                targets.cool(self, seconds)
+            except LeaseLost:
+                pass  # no longer ours: nothing to cool down, and the release below finds it so
         with self._lock:
             if self._released:
                 return False
@@ -437,10 +452,10 @@ class Lease:
 
         return await in_thread(self.renew, ttl)
 
-    async def arelease(self) -> bool:
+    async def arelease(self, cooldown: float | None = None) -> bool:
         """``release()`` for async code."""
 
-        return await in_thread(self.release)
+        return await in_thread(self.release, cooldown)
 
     async def ais_held(self) -> bool:
         """``is_held()`` for async code."""
@@ -485,13 +500,16 @@ def acquiring(
     where: dict[str, Any] | None = None,
     priority: int = 0,
     lock_delay: float = 0.0,
+    target: str | None = None,
 ) -> line.Wait[Lease]:
     """Lease any free, healthy resource of ``kind`` for ``ttl`` seconds.
 
     ``timeout``: 0 makes one attempt, > 0 waits in line up to that many seconds, None waits
     until one is free (``resource_lease.line``: first come, first served, higher ``priority``
     first, woken at release). ``where``: keys and values the resource's ``data`` must have
-    (``{"region": "eu"}``; compared exactly). ``lock_delay``: seconds (default 0) for which
+    (``{"region": "eu"}``; compared exactly). ``target``: what the resource is for (a site,
+    an API; at most 200 characters): only a resource whose cooldown for it has passed is
+    granted (docs/learning.md#targets). ``lock_delay``: seconds (default 0) for which
     the resource is granted to nobody if this lease expires without being released (a
     release frees it at once), by the database's clock. Raises ``NoResourceAvailable`` when none could be
     had (at once if the kind has no resources at all) and ``ValueError`` for bad arguments.
@@ -508,6 +526,7 @@ def acquiring(
     check_bool(auto_renew, "auto_renew")
     check_callable(on_lost, "on_lost")
     wanted = check_where(where)
+    aim = check_target(target)
     priority = check_priority(priority)
     delay = check_seconds(lock_delay, "lock_delay", allow_zero=True)
     options.refuse_in_transaction("acquire()")
@@ -529,11 +548,13 @@ def acquiring(
                 holder=holder,
                 alias=alias,
                 on_lost=on_lost,
-                turn=turn.with_delay(delay),
+                turn=turn.with_delay(delay).aiming(aim),
                 where=wanted,
                 where_sql=where_sql,
             )
             if lease is None or not health.retire_due(lease, current):
+                if lease is not None and aim is not None:
+                    targets.aimed(lease, aim, cooldown=current.cooldown, target_rate=current.target_rate)
                 break
             lease.release()  # granted past its policy's max_uses / max_age: retired now
             lease = None
@@ -545,6 +566,7 @@ def acquiring(
     def conclude(lease: Lease | None) -> Lease:
         if lease is None:
             matching = "" if wanted is None else f" matching {wanted!r}"
+            matching += "" if aim is None else f" (not cooling down for {aim!r})"
             raise NoResourceAvailable(
                 f"no resource of kind {kind!r}{matching} was free within {wait:g}s", kind=kind, exists=True
             )
@@ -559,7 +581,12 @@ def acquiring(
         ttl=ttl,
         priority=priority,
         where=where_sql,
-        make=None if delay else retiring(making(holder=holder, ttl=ttl, alias=alias, on_lost=on_lost), policy),
+        target=aim or "",
+        # A grant with a lock delay (which the hand-off does not write) or a target (counted,
+        # and its lease told its target, by ``attempt``) takes no hand-off.
+        make=None
+        if delay or aim is not None
+        else retiring(making(holder=holder, ttl=ttl, alias=alias, on_lost=on_lost), policy),
     )
 
 

@@ -69,6 +69,14 @@ def check_name(value: Any, name: str = "name") -> str:
     return check_text(value, name)
 
 
+def check_target(value: Any, name: str = "target") -> str | None:
+    """What a grant is for (``acquire(kind, target=...)``): None, or a non-empty string of at
+    most 200 characters (``models.TARGET_MAX``) without NUL."""
+    if value is None:
+        return None
+    return check_name(value, name)
+
+
 def check_seconds(value: Any, name: str, *, allow_zero: bool = False) -> float:
     """A finite number of seconds, > 0 (or >= 0 with allow_zero) and at most MAX_SECONDS;
     bools and strings refused."""

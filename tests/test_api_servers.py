@@ -271,7 +271,7 @@ def _bad_requests(lease_id: str, other_lease_id: str) -> list[tuple[str, str, An
         {"kind": "gpu", "idempotency_key": ""},
         {"kind": "gpu", "idempotency_key": 42},
         {"kind": "gpu", "idempotency_key": "k" * 201},
-        {"kind": "gpu", "target": "shop.example"},
+        {"kind": "gpu", "target": "t" * 201},
         {"kind": "gpu", "session": "acct-1"},
         {"kind": "gpu", "colour": "red"},
     ):
@@ -291,7 +291,7 @@ def _bad_requests(lease_id: str, other_lease_id: str) -> list[tuple[str, str, An
         ("POST", f"leases/{lease_id}/renew", {"fence": 99}, None),
         ("POST", f"leases/{lease_id}/renew", b"{oops", None),
         ("POST", f"leases/{lease_id}/release", {"cooldown": -5}, None),
-        ("POST", f"leases/{lease_id}/release", {"cooldown": 5}, None),  # not supported yet
+        ("POST", f"leases/{lease_id}/release", {"cooldown": 5}, None),  # a lease without a target
         ("POST", f"leases/{lease_id}/report", {"outcome": "great"}, None),
         ("POST", f"leases/{lease_id}/report", {"outcome": "blocked", "retry_after": 0}, None),
         ("POST", f"leases/{lease_id}/report", {}, None),

@@ -82,15 +82,15 @@ def test_a_waiters_grant_leaves_its_place_only_if_it_granted(
 
 def test_the_leaving_forms_are_those_of_the_grant_statements() -> None:
     """PostgreSQL renders a leaving form of each grant a waiter runs (with and without a
-    where= filter), each the line form of the grant with the place's DELETE after it."""
+    where= filter, with and without a target), each the line form of the grant with the place's DELETE after it."""
     dialect = lease_connection("default").dialect
     if connection.vendor != "postgresql":
         assert dialect.leaving == {}
         return
-    names = {name for name, _ in dialect.leaving}
+    names = {name for name, _, _ in dialect.leaving}
     assert names == {"ACQUIRE_SCAN", "GRANT_BY_ID", "GRANT_BY_NAME", "GRANT_SAMPLED", "RW_READ", "RW_WRITE"}
-    for (name, filtered), sql in dialect.leaving.items():
-        assert dialect.forms[True, filtered][name] in sql
+    for (name, filtered, targeted), sql in dialect.leaving.items():
+        assert dialect.forms[True, filtered, targeted][name] in sql
         assert sql.endswith("AND EXISTS (SELECT 1 FROM g) RETURNING id) SELECT g.*, (SELECT COUNT(*) FROM gone) FROM g")
 
 

@@ -160,3 +160,18 @@ def test_the_failover_fault_needs_a_cluster_and_known_kinds() -> None:
     assert "not a cluster" in failover_allowed("default")
     with pytest.raises(ValueError, match="failover kinds: reboot; choose from kill, stop, switchover, cut"):
         Plan("lock", seconds=1, failover_kinds=("reboot",))
+
+
+def test_the_election_checker_allows_a_save_of_unknown_outcome_and_nothing_more() -> None:
+    """A leader whose save's answer was lost with the connection (a switchover) may have
+    written it and go on in the same term: the next logged save may be one higher for it. Two
+    leaders' work is still caught: a jump with no such save, and a state that goes back."""
+    from project.bench.nemesis.checker import _bad_saves
+
+    once_across_backends("the election checker's rule")
+    pid = 7
+    logged = [(1, 1, pid), (1, 3, pid)]  # 2 saved, its answer lost, then 3 in the same term
+    assert _bad_saves(logged, killed=set(), unknown=[1]) == []
+    assert _bad_saves(logged, killed=set()) == ["saved units=3 under fence 1 after units=1"]
+    assert _bad_saves([(1, 1, pid), (1, 4, pid)], killed=set(), unknown=[1]) != []
+    assert _bad_saves([(1, 1, pid), (2, 1, 8)], killed=set(), unknown=[1]) != []

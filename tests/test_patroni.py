@@ -463,7 +463,18 @@ def failover_scenario(
     assert old is not None, patroni("status").stdout
     notes: list[str] = []
     if fault == "async-loss":
-        # The primary's WAL senders stop: it goes on granting, its replicas fall behind.
+        # The primary's WAL senders stop: it goes on granting, its replicas fall behind. Both
+        # replicas must be streaming first: a WAL sender that starts after the pause (a replica
+        # still reconnecting from the scenario before) would keep its replica up to date, and
+        # Patroni would promote that one, losing nothing (seen in CI).
+        deadline = time.monotonic() + 60
+        while True:
+            with admin_connect() as db:
+                streaming = db.execute("SELECT COUNT(*) FROM pg_stat_replication WHERE state = 'streaming'").fetchone()
+            if streaming and streaming[0] >= 2:
+                break
+            assert time.monotonic() < deadline, f"the replicas are not both streaming: {patroni('status').stdout}"
+            time.sleep(0.5)
         assert patroni("walpause", str(old)).returncode == 0
         time.sleep(3)
     fault_at = time.monotonic_ns()
@@ -602,6 +613,15 @@ def test_negative_control_asynchronous_replication_loses_grants_and_the_checks_s
         deadline = time.monotonic() + 60
         while "sync_standby" in patroni("status").stdout.replace("Sync Standby", "sync_standby"):
             assert time.monotonic() < deadline, "the sync standby stayed"
+            time.sleep(0.5)
+        # Patroni may show no sync standby before the primary has reloaded its setting: until
+        # then every commit still waits for a standby, so the paused WAL senders would stop the
+        # grants rather than let the replicas fall behind, and nothing would be lost (seen in CI).
+        while True:
+            with admin_connect() as db:
+                if db.execute("SELECT current_setting('synchronous_standby_names')").fetchone()[0] == "":  # type: ignore[index]
+                    break
+            assert time.monotonic() < deadline, "the primary kept synchronous_standby_names"
             time.sleep(0.5)
         check = manage_check(cluster)
         assert "resource_lease.W040" in check.stdout + check.stderr, check.stdout + check.stderr

@@ -47,14 +47,14 @@ def test_the_conditions_are_the_rendered_fragments() -> None:
     # same fragments everywhere); a newcomer's first try only asks whether a waiter marked the
     # row, with no subquery at all (docs/pitfalls.md#subquery-cost), and then, if it granted
     # nothing, checks the line.
-    newcomer = dialect.forms[False, False]
+    newcomer = dialect.forms[False, False, False]
     for name in ("GRANT_BY_ID", "GRANT_BY_NAME", "ACQUIRE_SCAN", "RW_WRITE", "RW_READ"):
         assert dialect.sql["LINE_CLEAR" if name != "RW_READ" else "RW_READ_CLEAR"] in dialect.sql[name], name
         assert delay_over in dialect.sql[name], name
     for name in ("GRANT_BY_ID", "GRANT_BY_NAME", "ACQUIRE_SCAN"):
         assert dialect.sql["UNMARKED"] in newcomer[name] and "SELECT 1" not in newcomer[name], name
         assert delay_over in newcomer[name], name
-        assert dialect.forms[True, False][name] == dialect.sql[name]
+        assert dialect.forms[True, False, False][name] == dialect.sql[name]
     # The release's condition (PostgreSQL: inside the statement that also wakes the line).
     assert f"WHERE {dialect.ours}" in dialect.sql["RELEASE"]
 
@@ -133,5 +133,5 @@ def test_every_postgresql_lease_statement_fits_psycopgs_cache_of_parsed_queries(
 def test_negative_control_a_statement_over_psycopgs_cache_is_named() -> None:
     pytest.importorskip("psycopg")
     release = rendered("postgresql")["RELEASE"]
-    padded = release.replace("h.next_ttl > 0", "COALESCE(h.next_ttl, 0) > 0")
+    padded = release.replace("h.ttl > 0", "COALESCE(h.ttl, 0) > 0")
     assert _over_psycopgs_cache({"RELEASE": release, "PADDED": padded}) == [f"PADDED: {len(padded)} bytes"]

@@ -15,6 +15,7 @@ from resource_lease.validation import (
     check_kind,
     check_priority,
     check_seconds,
+    check_target,
     check_text,
     check_where,
 )
@@ -65,6 +66,7 @@ class AcquireBody:
     priority: int
     holder: str | None
     idempotency_key: str | None
+    target: str | None = None
 
     FIELDS = ("kind", "ttl", "wait", "where", "priority", "target", "session", "holder", "idempotency_key")
 
@@ -91,10 +93,10 @@ class AcquireBody:
             if not isinstance(key, str) or not key.strip() or len(key) > MAX_KEY:
                 raise bad_request("idempotency_key", f"idempotency_key must be a string of 1 to {MAX_KEY} characters")
             _checked("idempotency_key", check_text, key)
-        for later in ("target", "session"):
-            if body.get(later) is not None:
-                raise not_supported_yet(later)
-        return cls(kind, ttl, wait, where, priority, holder, key)
+        target = _checked("target", check_target, body.get("target"))
+        if body.get("session") is not None:
+            raise not_supported_yet("session")
+        return cls(kind, ttl, wait, where, priority, holder, key, target)
 
 
 def renew_ttl(raw: bytes) -> float | None:
@@ -104,12 +106,12 @@ def renew_ttl(raw: bytes) -> float | None:
     return None if ttl is None else float(_checked("ttl", check_seconds, ttl))
 
 
-def release_body(raw: bytes) -> None:
-    """``release``'s body: ``{"cooldown"?}`` (a cooldown is not served yet)."""
+def release_body(raw: bytes) -> float | None:
+    """``release``'s body: ``{"cooldown"?}`` (seconds before the resource is granted for the
+    lease's target again; None: the policy's)."""
     body = parse(raw, ("cooldown",))
-    if body.get("cooldown") is not None:
-        _checked("cooldown", check_seconds, body["cooldown"])
-        raise not_supported_yet("cooldown")
+    cooldown = body.get("cooldown")
+    return None if cooldown is None else float(_checked("cooldown", check_seconds, cooldown))
 
 
 def report_body(raw: bytes) -> tuple[str, float | None]:

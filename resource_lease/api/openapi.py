@@ -85,7 +85,11 @@ def document(server: str) -> dict[str, Any]:
                             "wait": {"type": "number", "minimum": 0, "maximum": MAX_WAIT},
                             "where": {"type": "object"},
                             "priority": {"type": "integer"},
-                            "target": {"type": "string", "description": "Not supported yet (400)."},
+                            "target": {
+                                "type": "string",
+                                "maxLength": 200,
+                                "description": "What the resource is for: only one not cooling down for it is granted.",
+                            },
                             "session": {"type": "string", "description": "Not supported yet (400)."},
                             "holder": {"type": "string", "maxLength": 100},
                             "idempotency_key": {"type": "string", "maxLength": MAX_KEY},
@@ -129,7 +133,15 @@ def document(server: str) -> dict[str, Any]:
                 "post": {
                     "summary": "Give the resource back",
                     "parameters": _ID,
-                    "requestBody": _body({"cooldown": {**seconds, "description": "Not supported yet (400)."}}),
+                    "requestBody": _body(
+                        {
+                            "cooldown": {
+                                **seconds,
+                                "description": "Seconds before the resource is granted for the lease's target again"
+                                " (a lease with a target only; default: the policy's).",
+                            }
+                        }
+                    ),
                     "responses": {
                         "200": _json({"type": "object", "properties": {"released": {"type": "boolean"}}}, "Released?"),
                         **_COMMON,

@@ -25,6 +25,8 @@ class ReportedGrant:
         self.fence = ref.fence
         #: None: not carried by the grant (an idempotent replay): ``health.level_of`` reads it.
         self.granted_level = ref.level
+        #: What the grant is for: a report of "blocked" cools the resource down for it.
+        self.target = ref.target
         #: One report of a grant trips at most one quarantine (judged by the statement itself:
         #: this only keeps the log line to the first).
         self.tripped = False

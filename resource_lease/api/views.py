@@ -8,6 +8,7 @@ lease's id (404) and whose it is (403), the body (400 naming the field), then th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import logging
 import secrets
@@ -18,7 +19,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
-from resource_lease import health, pool
+from resource_lease import health, pool, targets
 from resource_lease.api import bodies, keys
 from resource_lease.api.errors import ApiError
 from resource_lease.api.ids import LeaseRef
@@ -59,6 +60,7 @@ def _lease_json(ref: LeaseRef, *, name: str | None, data: Any, expires_at: dt.da
         "expires_at": None if expires_at is None else _time(expires_at),
         "holder": ref.holder,
         "ttl": ref.ttl,
+        "target": ref.target,
     }
 
 
@@ -118,6 +120,7 @@ async def _grant(body: bodies.AcquireBody, holder: str, wait: float) -> Lease:
             holder=holder,
             where=body.where,
             priority=body.priority,
+            target=body.target,
             using=_alias(),
         )
     except NoResourceAvailable as exc:
@@ -132,7 +135,9 @@ async def _grant(body: bodies.AcquireBody, holder: str, wait: float) -> Lease:
 
 
 def _granted(lease: Lease, token: ApiToken, ttl: float) -> dict[str, Any]:
-    ref = LeaseRef(lease.resource.pk, lease.fence, lease.holder, lease.kind, ttl, token.pk, lease.granted_level)
+    ref = LeaseRef(
+        lease.resource.pk, lease.fence, lease.holder, lease.kind, ttl, token.pk, lease.granted_level, lease.target
+    )
     return _lease_json(ref, name=lease.resource.name, data=lease.resource.data, expires_at=lease.expires_at)
 
 
@@ -191,7 +196,7 @@ async def _keep_claim(claim: keys.Claim, ttl: float) -> None:
 
 async def _replay(claim: keys.Claim, token: ApiToken, body: bodies.AcquireBody) -> HttpResponse:
     assert claim.pk is not None and claim.fence is not None
-    ref = LeaseRef(claim.pk, claim.fence, claim.holder, body.kind, body.ttl, token.pk)
+    ref = LeaseRef(claim.pk, claim.fence, claim.holder, body.kind, body.ttl, token.pk, target=body.target)
     held = await in_thread(ops(_alias()).is_held, pk=ref.pk, holder=ref.holder, fence=ref.fence)
     row = await orm(_row, ref.pk) if held else None
     if row is None:
@@ -223,7 +228,7 @@ async def renew(request: HttpRequest, lease_id: str) -> HttpResponse:
     _token, ref = await _owned(request, lease_id)
     ttl = bodies.renew_ttl(_body(request))
     if ttl is not None:
-        ref = LeaseRef(ref.pk, ref.fence, ref.holder, ref.kind, ttl, ref.token_id, ref.level)
+        ref = dataclasses.replace(ref, ttl=ttl)
     expiry = await in_thread(ops(_alias()).renew, pk=ref.pk, holder=ref.holder, fence=ref.fence, ttl=ref.ttl)
     if expiry is None:
         raise ApiError(410, "the lease is no longer held (it expired or was released)", field="id")
@@ -238,9 +243,20 @@ async def renew(request: HttpRequest, lease_id: str) -> HttpResponse:
 @_answer
 @require_POST
 async def release(request: HttpRequest, lease_id: str) -> HttpResponse:
-    """``POST leases/<id>/release``: ``{"released": bool}`` (False: it was no longer held)."""
+    """``POST leases/<id>/release``: ``{"released": bool}`` (False: it was no longer held);
+    ``cooldown``: seconds before the resource is granted for the lease's target again (default:
+    the policy's; docs/learning.md#targets)."""
     _token, ref = await _owned(request, lease_id)
-    bodies.release_body(_body(request))
+    cooldown = bodies.release_body(_body(request))
+    if cooldown is not None and ref.target is None:
+        raise ApiError(400, "cooldown goes with a lease acquired with a target", field="cooldown")
+    if ref.target is not None:
+        seconds = cooldown if cooldown is not None else (await in_thread(health.policy_of, _alias(), ref.kind)).cooldown
+        if seconds > 0:
+            try:
+                await in_thread(targets.cool, ReportedGrant(ref, _alias()), seconds)
+            except LeaseLost:
+                return JsonResponse({"released": False})
     released = await in_thread(_give_back, ref.pk, ref.holder, ref.fence, ref.kind)
     return JsonResponse({"released": released})
 

@@ -17,6 +17,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 from django.db.models.base import DEFERRED
 
+from resource_lease.db import cooldowns as cooldown_sql
 from resource_lease.db import counters as counter_sql
 from resource_lease.db import dispenser as item_sql
 from resource_lease.db import health as health_sql
@@ -25,7 +26,7 @@ from resource_lease.db import terms as term_sql
 from resource_lease.db import topics as topic_sql
 from resource_lease.db.grants import GrantStatements
 from resource_lease.db.statements import Returning
-from resource_lease.models import NEVER, Resource, Waiter
+from resource_lease.models import NEVER, Cooldown, Resource, Waiter
 
 Row = Sequence[Any]
 
@@ -100,31 +101,40 @@ class Dialect(GrantStatements):
         self._datetime_converters = self._converters_for(connection, meta.get_field("busy_before"))
         self.connection = connection
         self.waiters = qn(Waiter._meta.db_table)
-        #: Every statement rendered once. Lease statements in four ``forms[in_line, filtered]``
-        #: (LINE_CLEAR or UNMARKED; a ``where=`` or not); ``sql``: the line form, no filter.
+        self.cooldowns = qn(Cooldown._meta.db_table)
+        #: Every statement rendered once. Lease statements in eight ``forms[in_line, filtered,
+        #: targeted]`` (LINE_CLEAR or UNMARKED; a ``where=`` or not; a ``target=`` or not);
+        #: ``sql``: the line form, no filter, no target.
         pieces = self.pieces()
         checks = statements.render(
-            {name: self.templates[name] for name in ("FREE", "DELAY_OVER", "UNMARKED", "LINE_CLEAR")}, pieces
+            {
+                name: ({**self.templates, "OWN_TARGET": statements.OWN_TARGET})[name]
+                for name in ("FREE", "DELAY_OVER", "UNMARKED", "WAITER_COOLS", "LINE_CLEAR", "OWN_TARGET")
+            },
+            pieces,
         )
-        self.forms: dict[tuple[bool, bool], dict[str, str]] = {
-            (in_line, filtered): statements.render(
+        self.forms: dict[tuple[bool, bool, bool], dict[str, str]] = {
+            (in_line, filtered, targeted): statements.render(
                 self.templates,
                 {
                     **pieces,
                     "line_check": checks["LINE_CLEAR" if in_line else "UNMARKED"],
                     "own_filter": " AND " + pieces["param_matches"] if filtered else "",
+                    "own_target": checks["OWN_TARGET"] if targeted else "",
                 },
                 self.returning_template,
             )
             for in_line in (True, False)
             for filtered in (False, True)
+            for targeted in (False, True)
         }
-        self.sql = dict(self.forms[True, False])
+        self.sql = dict(self.forms[True, False, False])
         self.sql.update(statements.render(self.item_templates, item_sql.pieces(self)))
         self.sql.update(statements.render(self.topic_templates, topic_sql.pieces(self)))
         self.sql.update(statements.render(self.counter_templates, counter_sql.pieces(self)))
         self.sql.update(statements.render(self.term_templates, term_sql.pieces(self)))
         self.sql.update(statements.render(health_sql.TEMPLATES, health_sql.pieces(self), self.returning_template))
+        self.sql.update(statements.render(cooldown_sql.templates(self.vendor), cooldown_sql.pieces(self)))
         # The conditions and the SET list on their own (tests, tests/procs).
         self.ours = self.sql["OURS"]
         self.free = self.sql["FREE"]
@@ -145,6 +155,7 @@ class Dialect(GrantStatements):
             "index_hint": self.index_hint,
             "on_conflict_keep": self.on_conflict_keep,
             "waiters": self.waiters,
+            "cooldowns": self.cooldowns,
             "json_param": self.json_cast.format(self.placeholder),
             "waiter_matches": self.matches_sql("w.filter", f"{self.table}.data"),
             "param_matches": self.matches_sql(self.json_cast.format(self.placeholder), f"{self.table}.data"),

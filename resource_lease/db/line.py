@@ -34,6 +34,9 @@ class Turn:
     #: Rows the caller's look has just seen free (``Look.free_ids``): a grant in the line form
     #: that would read some free rows first (MySQL's ``acquire_in_line``) tries these instead.
     candidates: tuple[int, ...] = ()
+    #: What the caller will use the row for (``acquire(target=...)``): a row cooling down for
+    #: it is not granted (OWN_TARGET). '' for none.
+    target: str = ""
 
     def trying(self, candidates: tuple[int, ...]) -> Turn:
         """This turn, with the rows its look saw free to try first."""
@@ -42,6 +45,10 @@ class Turn:
     def with_delay(self, lock_delay: float) -> Turn:
         """This turn, asking for ``lock_delay`` on its grant."""
         return self if lock_delay == self.lock_delay else replace(self, lock_delay=lock_delay)
+
+    def aiming(self, target: str | None) -> Turn:
+        """This turn, for a row not cooling down for ``target`` (None: any)."""
+        return self if (target or "") == self.target else replace(self, target=target or "")
 
     def params(self, line_name: str) -> tuple[Any, ...]:
         """Who is ahead of this turn in the line ``line_name`` ('' for any row of the kind):
@@ -88,9 +95,10 @@ class Place:
 @dataclass(frozen=True)
 class Look:
     """A waiter's look at its line (``Dialect.look``): whether its place is still live, how
-    many live waiters are ahead of it (``filtered``: how many of those have a ``where=`` of
-    their own), how many rows it could take are free (up to a few), when the first held row
-    of the line expires (None: none held) and the database's clock."""
+    many live waiters are ahead of it (``filtered``: how many of those have a ``where=`` or a
+    target of their own), how many rows it could take are free (up to a few), when the first
+    held row of the line expires (None: none held), the database's clock, and when the first
+    cooldown of its target on a row of the line ends (None: none, or no target)."""
 
     live: bool
     ahead: int
@@ -100,6 +108,7 @@ class Look:
     now: dt.datetime
     #: Which rows were free, where the look lists them (MySQL: ``LOOK_FREE``); else empty.
     free_ids: tuple[int, ...] = ()
+    cooled_at: dt.datetime | None = None
 
 
 def key_paths(key: str) -> dict[str, str]:
@@ -128,7 +137,7 @@ class LineStatements:
     #: for str, int, True, False, None.
     where_types: Mapping[str, str] = {}
     sql: dict[str, str]
-    forms: dict[tuple[bool, bool], dict[str, str]]
+    forms: dict[tuple[bool, bool, bool], dict[str, str]]
     alias: str
     placeholder: str
 
@@ -166,16 +175,22 @@ class LineStatements:
             entries.append({"k": key, "t": self.where_types[kind], "s": text, **key_paths(key)})
         return json.dumps(entries)
 
-    def statement(self, name: str, where: str | None, *, in_line: bool = True) -> str:
+    def statement(self, name: str, where: str | None, *, in_line: bool = True, target: str = "") -> str:
         """The statement ``name`` in its line form or not (``Turn.forms``), and with the
-        caller's ``where=`` filter if any."""
-        return self.forms[in_line, where is not None][name]
+        caller's ``where=`` filter and ``target`` if any."""
+        return self.forms[in_line, where is not None, bool(target)][name]
+
+    @staticmethod
+    def own(where: str | None, target: str = "") -> tuple[Any, ...]:
+        """The parameters of ``{own_filter}{own_target}``: the caller's encoded ``where=`` and
+        its target, those it has."""
+        return (() if where is None else (where,)) + ((target,) if target else ())
 
     #: The grant statements in the line form that also leave the caller's place in line,
     #: where the vendor can in one statement (PostgreSQL: ``LEAVING_LINE``), by (name,
-    #: filtered): the waiter's leaving after it (``LEAVE_LINE``) then deletes nothing, and
-    #: commits no write of its own. Elsewhere empty: the place is left after the grant.
-    leaving: dict[tuple[str, bool], str] = {}
+    #: filtered, targeted): the waiter's leaving after it (``LEAVE_LINE``) then deletes
+    #: nothing, and commits no write of its own. Elsewhere empty: the place is left after the grant.
+    leaving: dict[tuple[str, bool, bool], str] = {}
 
     #: Whether a release hands its row to the head of its line in its own statement
     #: (PostgreSQL's RELEASE), to a waiter that takes hand-offs (``enter_line``'s
@@ -214,14 +229,15 @@ class LineStatements:
         """Run the grant statement ``name`` in its form (``Turn.forms``); a waiter's grant in
         the line form leaves its place in the same statement where the vendor can
         (``leaving``)."""
-        leaving = self.leaving.get((name, where is not None)) if in_line and turn.place else None
+        leaving = self.leaving.get((name, where is not None, bool(turn.target))) if in_line and turn.place else None
         if leaving is not None:
             row = self.returning_row(cursor, leaving, (*params, turn.place), read_params=read_params)
             if row is None:
                 return None
             left_by_grant[self.alias, turn.place] = bool(row[-1])
             return tuple(row[:-1])
-        return self.returning_row(cursor, self.statement(name, where, in_line=in_line), params, read_params=read_params)
+        sql = self.statement(name, where, in_line=in_line, target=turn.target)
+        return self.returning_row(cursor, sql, params, read_params=read_params)
 
     @staticmethod
     def grant_params(holder: str, token: str, ttl_param: Any, turn: Turn) -> tuple[Any, ...]:
@@ -231,9 +247,9 @@ class LineStatements:
     @staticmethod
     def grantable(kind: str, turn: Turn, where: str | None, line: str = "", *, in_line: bool = True) -> tuple[Any, ...]:
         """GRANTABLE's parameters: the kind, the caller's turn in the line ``line`` (the line
-        form only), its filter."""
+        form only), its filter and its target."""
         params = (kind, *turn.line_params(line, kind)) if in_line else (kind,)
-        return params if where is None else (*params, where)
+        return (*params, *LineStatements.own(where, turn.target))
 
     # -- the line of waiters -----------------------------------------------------------
 
@@ -248,6 +264,7 @@ class LineStatements:
         where: str | None,
         token: str,
         ttl: float,
+        target: str = "",
         shared: bool = False,
         mark: bool = True,
         channel: str = "",
@@ -255,7 +272,8 @@ class LineStatements:
     ) -> int:
         """Take a place at the back of the line (kind, name) for ``ttl`` seconds, the line's
         rows marked first if ``mark`` (``mark_line``); its id. ``shared``: a reader of an
-        rwlock (served with the readers ahead of it). ``channel``: where the waiter's process
+        rwlock (served with the readers ahead of it). ``target``: rows cooling down for it do
+        not serve the waiter ('' for none). ``channel``: where the waiter's process
         hears its turn (PostgreSQL: ``wakeups.turn_channel``), or ''. ``grant_ttl``: a release
         may hand the waiter its row for this long, under ``token`` (``hands_off`` vendors; 0:
         it takes no hand-off)."""
@@ -270,6 +288,7 @@ class LineStatements:
                 holder,
                 priority,
                 where,
+                target,
                 shared,
                 token,
                 channel,
@@ -306,8 +325,7 @@ class LineStatements:
         if name:
             cursor.execute(self.sql["MARK_NAMED"], (marked, kind, name, at_least))
         else:
-            own = () if where is None else (where,)
-            cursor.execute(self.statement("MARK_LINE", where), (marked, kind, at_least, *own))
+            cursor.execute(self.statement("MARK_LINE", where), (marked, kind, at_least, *self.own(where)))
 
     def renew_place(
         self, cursor: Any, *, kind: str, name: str, where: str | None, place: int, ttl: float, mark: bool = True
@@ -353,12 +371,11 @@ class LineStatements:
             sql = self.sql["LOOK_READ" if shared else "LOOK_NAMED"]
             params: tuple[Any, ...] = (me, kind, name, me, prio, prio, me, kind, name, kind, name)
         else:
-            sql = statements.fill(self.statement("LOOK_ANY", where), limit=str(self.LOOK_LIMIT))
-            own = () if where is None else (where,)
+            sql = statements.fill(self.statement("LOOK_ANY", where, target=turn.target), limit=str(self.LOOK_LIMIT))
             ahead = (kind, me, prio, prio, me)
-            params = (me, *ahead, *ahead, kind, *own, kind)
+            params = (me, *ahead, *ahead, kind, *self.own(where, turn.target), kind, turn.target, kind)
         cursor.execute(sql, params)
-        live, ahead_n, filtered, free, next_at, now = cursor.fetchall()[0]
+        live, ahead_n, filtered, free, next_at, now, cooled_at = cursor.fetchall()[0]
         # A count, or (LOOK_FREE listing them) the free rows' ids, comma-separated, or NULL.
         ids = tuple(int(pk) for pk in free.split(",")) if isinstance(free, str) else ()
         return Look(
@@ -369,4 +386,5 @@ class LineStatements:
             next_free_at=None if next_at is None else self.to_datetime(next_at),
             now=self.to_datetime(now),
             free_ids=ids,
+            cooled_at=None if cooled_at is None else self.to_datetime(cooled_at),
         )

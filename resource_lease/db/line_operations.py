@@ -9,6 +9,7 @@ repeated.
 from __future__ import annotations
 
 import secrets
+from typing import Any
 
 from resource_lease.db.base import Row
 from resource_lease.db.connections import Disconnected, run, run_repeatable
@@ -29,6 +30,7 @@ class LineOperations:
         priority: int,
         where: str | None,
         ttl: float,
+        target: str = "",
         shared: bool = False,
         mark: bool = True,
         channel: str = "",
@@ -36,58 +38,42 @@ class LineOperations:
         token: str | None = None,
     ) -> int:
         """Take a place at the back of the line (kind, name) for ``ttl`` seconds, the line's
-        rows marked first if ``mark``; its id (``shared``: a reader of an rwlock; ``channel``:
+        rows marked first if ``mark``; its id (``target``: rows cooling down for it do not
+        serve it; ``shared``: a reader of an rwlock; ``channel``:
         where its process hears its turn, PostgreSQL; ``grant_ttl``: the ttl of a grant a
         release may hand it, ``Dialect.hands_off``; ``token``: the place's token, random if
         not given, under which a handed grant is held)."""
         what = f"taking a place in line {kind}:{name}" if name else f"taking a place in line {kind}"
 
-        def enter(token: str) -> int:
-            return run(
-                self.alias,
-                lambda d, c: d.enter_line(
-                    c,
-                    kind=kind,
-                    name=name,
-                    holder=holder,
-                    priority=priority,
-                    where=where,
-                    token=token,
-                    ttl=ttl,
-                    shared=shared,
-                    mark=mark,
-                    channel=channel,
-                    grant_ttl=grant_ttl,
-                ),
-                what=what,
+        def enter(d: Any, c: Any) -> int:
+            return d.enter_line(  # type: ignore[no-any-return]
+                c,
+                kind=kind,
+                name=name,
+                holder=holder,
+                priority=priority,
+                where=where,
+                token=place_token,
+                ttl=ttl,
+                target=target,
+                shared=shared,
+                mark=mark,
+                channel=channel,
+                grant_ttl=grant_ttl,
             )
 
-        token = token or secrets.token_hex(16)
+        place_token = token or secrets.token_hex(16)
         try:
-            return enter(token)
+            return run(self.alias, enter, what=what)
         except Disconnected:
-            found = run_repeatable(self.alias, lambda d, c: d.find_place(c, token=token), what=f"settling: {what}")
+            found = run_repeatable(
+                self.alias, lambda d, c: d.find_place(c, token=place_token), what=f"settling: {what}"
+            )
             if found is not None:
                 return found
-            # The insert never committed (the statement never reached the server): once more.
-            return run_repeatable(
-                self.alias,
-                lambda d, c: d.enter_line(
-                    c,
-                    kind=kind,
-                    name=name,
-                    holder=holder,
-                    priority=priority,
-                    where=where,
-                    token=token,  # that insert never committed: its token is free
-                    ttl=ttl,
-                    shared=shared,
-                    mark=mark,
-                    channel=channel,
-                    grant_ttl=grant_ttl,
-                ),
-                what=what,
-            )
+            # The insert never committed (the statement never reached the server): once more,
+            # under the same token, which that insert never took.
+            return run_repeatable(self.alias, enter, what=what)
 
     def renew_place(
         self, place: int, *, kind: str, name: str, where: str | None, ttl: float, mark: bool = True

@@ -25,13 +25,22 @@ BACKENDS = {
 
 
 #: The forms of a lease statement other than the plain one (``Dialect.forms``), by suffix.
-FORMS = {"+newcomer": (False, False), "+where": (True, True), "+newcomer+where": (False, True)}
+FORMS = {
+    "+newcomer": (False, False, False),
+    "+where": (True, True, False),
+    "+newcomer+where": (False, True, False),
+    "+target": (True, False, True),
+    "+newcomer+target": (False, False, True),
+    "+where+target": (True, True, True),
+    "+newcomer+where+target": (False, True, True),
+}
 
 
 def rendered(vendor: str) -> dict[str, str]:
     """The statements a dialect of ``vendor`` renders, by name (no connection needed); a lease
     statement whose other forms differ has them there too: ``NAME+newcomer`` (a newcomer's
-    first try, UNMARKED for LINE_CLEAR), ``NAME+where`` (with a caller's ``where=``) and both;
+    first try, UNMARKED for LINE_CLEAR), ``NAME+where`` (with a caller's ``where=``),
+    ``NAME+target`` (with a caller's ``target=``) and their combinations;
     ``NAME+leaving`` a waiter's grant that leaves its place too (``Dialect.leaving``)."""
     handler = ConnectionHandler({"default": {"ENGINE": BACKENDS[vendor], "NAME": "listing"}})
     dialect = dialect_class(vendor)(handler["default"])
@@ -40,9 +49,10 @@ def rendered(vendor: str) -> dict[str, str]:
         for name, text in dialect.forms[form].items():
             if text != dialect.sql[name]:
                 sql[f"{name}{suffix}"] = text
-    for (name, filtered), text in dialect.leaving.items():
-        if not filtered or text != dialect.leaving[name, False]:  # a named row's grant has no where=
-            sql[f"{name}+leaving{'+where' if filtered else ''}"] = text
+    for (name, filtered, targeted), text in dialect.leaving.items():
+        # A named row's grant has no where= nor target: its other forms are the same.
+        if not (filtered or targeted) or text != dialect.leaving[name, False, False]:
+            sql[f"{name}+leaving{'+where' if filtered else ''}{'+target' if targeted else ''}"] = text
     return sql
 
 
@@ -57,7 +67,8 @@ def listing() -> str:
         "`db/mysql.py`, `db/postgresql.py` and `db/sqlite.py`; this is what they render to.",
         "`{holes}` are filled per call. A grant comes in forms: `NAME` checks the line of waiters,",
         "`NAME+newcomer` only that no waiter marked the row (a newcomer's first try), `NAME+where`",
-        "has a caller's `where=`, `NAME+leaving` (PostgreSQL) also deletes the waiter's place when it grants.",
+        "has a caller's `where=`, `NAME+target` a caller's `target=` (rows cooling down for it refused),",
+        "`NAME+leaving` (PostgreSQL) also deletes the waiter's place when it grants.",
     ]
     for vendor in BACKENDS:
         sql = rendered(vendor)

@@ -109,9 +109,9 @@ ACQUIRE_SCAN_SKIP_LOCKED = Returning(
 # UPDATE under READ COMMITTED reads its subqueries as a consistent read, without locks. So a
 # caller in line first reads some free rows (a plain SELECT: no locks), then tries them one by
 # one by primary key: LINE_PICKS, then GRANT_LINE (MariaDB: not waiting for a row another
-# grant has locked, like the probe; MySQL: GRANT_BY_ID). (kind, [where])
+# grant has locked, like the probe; MySQL: GRANT_BY_ID). (kind, [where], [target])
 LINE_PICKS = (
-    "SELECT id FROM {table} {index_hint} WHERE {free} AND {delay_over}{own_filter}"
+    "SELECT id FROM {table} {index_hint} WHERE {free} AND {delay_over}{own_filter}{own_target}"
     " ORDER BY kind, busy_before LIMIT {limit}"
 )
 # (holder, token, ttl, lock_delay, id, kind, *line, [where]), read back by (id, token).
@@ -125,7 +125,7 @@ GRANT_LINE_NOWAIT = Returning(
 # statements.py with GROUP_CONCAT for COUNT. group_concat_max_len is raised per session
 # (setup_session: 1024 bytes by default on MySQL, 20-digit ids overflow it at 52 rows).
 LOOK_FREE = (
-    "(SELECT GROUP_CONCAT(id) FROM (SELECT id FROM {table} {index_hint} WHERE {free} AND {delay_over}{own_filter}"
+    "(SELECT GROUP_CONCAT(id) FROM (SELECT id FROM {table} {index_hint} WHERE {free} AND {delay_over}{own_filter}{own_target}"
     " LIMIT {limit}) f)"
 )
 
@@ -341,7 +341,9 @@ class MySQLDialect(Dialect):
         ttl_us = self.ttl_param(ttl)
         # MariaDB: no lock wait for this statement alone.
         in_line = turn.forms[0]  # a probe is a guess: the scan after it tries the line form
-        sql = self.statement("GRANT_PROBE_NOWAIT" if self.mariadb else "GRANT_PROBE", where, in_line=in_line)
+        sql = self.statement(
+            "GRANT_PROBE_NOWAIT" if self.mariadb else "GRANT_PROBE", where, in_line=in_line, target=turn.target
+        )
         params = (
             *self.grant_params(holder, token, ttl_us, turn),
             sampled[0],
@@ -408,10 +410,11 @@ class MySQLDialect(Dialect):
                 continue
             grantable = self.grantable(kind, turn, where, in_line=in_line)
             if self.skip_locked:
-                sql = self.statement("ACQUIRE_SCAN_SKIP_LOCKED", where, in_line=in_line)
+                sql = self.statement("ACQUIRE_SCAN_SKIP_LOCKED", where, in_line=in_line, target=turn.target)
                 params = (*grantable, *grant)
             else:
-                sql, params = self.statement("ACQUIRE_SCAN", where, in_line=in_line), (*grant, *grantable)
+                sql = self.statement("ACQUIRE_SCAN", where, in_line=in_line, target=turn.target)
+                params = (*grant, *grantable)
             row = self.returning_row(cursor, sql, params, read_params=(token,))
             if row is not None:
                 return row
@@ -515,12 +518,11 @@ def acquire_in_line(
     if turn.candidates:  # what the caller's look has just seen free (LOOK_FREE)
         ids = list(turn.candidates)
     else:
-        own = () if where is None else (where,)
-        sql = statements.fill(dialect.statement("LINE_PICKS", where), limit=str(LINE_PICK_LIMIT))
-        cursor.execute(sql, (kind, *own))
+        sql = statements.fill(dialect.statement("LINE_PICKS", where, target=turn.target), limit=str(LINE_PICK_LIMIT))
+        cursor.execute(sql, (kind, *dialect.own(where, turn.target)))
         ids = [pk for (pk,) in cursor.fetchall()]
     random.shuffle(ids)
-    grant_sql = dialect.statement("GRANT_LINE_NOWAIT" if dialect.mariadb else "GRANT_BY_ID", where)
+    grant_sql = dialect.statement("GRANT_LINE_NOWAIT" if dialect.mariadb else "GRANT_BY_ID", where, target=turn.target)
     grantable = dialect.grantable(kind, turn, where)
     for pk in ids[:LINE_TRIES]:
         try:

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from resource_lease.db.base import Dialect, Row, some_kinds
 from resource_lease.db.connections import Disconnected, LockWaitTimeout, lease_connection, run, run_repeatable
+from resource_lease.db.cooldown_operations import CooldownOperations
 from resource_lease.db.health_operations import HealthOperations
 from resource_lease.db.item_operations import Claimed, ItemOperations
 from resource_lease.db.line import NEWCOMER, Turn
@@ -39,11 +40,12 @@ T = TypeVar("T")
 Grant = Callable[[Dialect, Any, str], "Row | None"]
 
 
-class Operations(ItemOperations, LineOperations, TermOperations, HealthOperations):
+class Operations(ItemOperations, LineOperations, TermOperations, HealthOperations, CooldownOperations):
     """The named operations on ``alias`` (see the module's docstring); the dispenser's are
     ``ItemOperations``' (``db/item_operations.py``), the line of waiters' ``LineOperations``'
     (``db/line_operations.py``), the leadership log's ``TermOperations``'
-    (``db/term_operations.py``), shared health's ``HealthOperations``' (``db/health_operations.py``)."""
+    (``db/term_operations.py``), shared health's ``HealthOperations``' (``db/health_operations.py``), targets' cooldowns'
+    ``CooldownOperations``' (``db/cooldown_operations.py``)."""
 
     def __init__(self, alias: str) -> None:
         self.alias = alias

@@ -133,6 +133,10 @@ class Picker:
         ``token``: probes while they are likely to pay, then the scan. Each is a conditional
         single statement under the same token and the first that grants ends the attempt, so
         a lost answer is settled by the token as before."""
+        if turn.target:
+            # A targeted grant's rows may be cooling down for its target, which the sample
+            # does not know: the probes would miss and teach the kind's hit rate wrong.
+            return dialect.acquire(cursor, kind=kind, holder=holder, token=token, ttl=ttl, turn=turn, where=where_sql)
         entry = self.sample(dialect, cursor, kind)
         rows = entry.rows if where is None else [row for row in entry.rows if where_matches(where, row_data(row))]
         rate = entry.hit_rate

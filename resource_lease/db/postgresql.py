@@ -42,8 +42,8 @@ FREE_BY_ID = (
     " AND (quarantined_until IS NULL OR quarantined_until <= {now})"
 )
 
-# GRANTABLE with FREE_BY_ID: (kind, *line, [where]).
-GRANTABLE_BY_ID = "{free_by_id} AND {delay_over} AND {line_check}{own_filter}"
+# GRANTABLE with FREE_BY_ID: (kind, *line, [where], [target]).
+GRANTABLE_BY_ID = "{free_by_id} AND {delay_over} AND {line_check}{own_filter}{own_target}"
 
 # Grant one chosen row (the holder's lock step): (holder, token, ttl, id, kind, *line, [where]).
 GRANT_BY_ID = Returning("UPDATE {table} SET {grant_set} WHERE id = {p} AND {grantable_by_id}")
@@ -68,8 +68,15 @@ LINE_CHANNEL = "rl_line"
 # first k waiters were told by their releases (or, rows that expired, find them by looking):
 # this row is the next one's, and one NOTIFY per release tells it (telling all k + 1 made
 # every listening backend read k + 1 queue entries per release: at 64 processes on 40 rows,
-# utilisation fell from 0.23 to 0.12). ``{less}``: '' (RELEASE) or ' - 1' (PASS_TURN: the
-# free rows include the one passed on). (id, channel, shared, the line's name); no parameters.
+# utilisation fell from 0.23 to 0.12). Waiters of the kind whose target the row is cooling
+# down for are aside too (WAITER_COOLS, without its test of an empty target: no cooldown has
+# one, and RELEASE must stay short; the row's id is ``r.{row_id}``), and the free rows that
+# are cooling down for some target are not counted: their releases may have told nobody (the
+# waiters they could serve may all be behind a waiter for that target), so counting them would
+# pass over a waiter nobody told (tests/test_targets.py). Counting fewer tells a waiter that
+# may have been told already, which passes the turn on if it does not take it (``pass_turn``).
+# ``{less}``: '' (RELEASE) or ' - 1' (PASS_TURN: the free rows include the one passed on).
+# (id, channel, shared, the line's name); no parameters.
 LINE_TURNS = (
     "(SELECT w.id, w.channel, w.shared, w.name FROM {waiters} w"
     " WHERE w.kind = r.kind AND w.name = r.name AND r.name <> '' AND w.expires_at > {now}"
@@ -77,10 +84,12 @@ LINE_TURNS = (
     " UNION ALL"
     " (SELECT w.id, w.channel, w.shared, w.name FROM {waiters} w"
     " WHERE w.kind = r.kind AND w.name = '' AND w.expires_at > {now}"
-    " AND (w.filter IS NULL OR {turn_matches}) ORDER BY w.priority DESC, w.id"
+    " AND (w.filter IS NULL OR {turn_matches}) AND NOT EXISTS (SELECT FROM {cooldowns} c WHERE c.target = w.target"
+    " AND c.resource_id = r.{row_id} AND c.until > {now}) ORDER BY w.priority DESC, w.id"
     " OFFSET GREATEST(0, (SELECT COUNT(*) FROM (SELECT FROM {table} f WHERE f.kind = r.kind"
     " AND f.busy_before <= {now} AND f.enabled = {true}"
-    " AND (f.quarantined_until IS NULL OR f.quarantined_until <= {now}) LIMIT "
+    " AND (f.quarantined_until IS NULL OR f.quarantined_until <= {now})"
+    " AND NOT EXISTS (SELECT FROM {cooldowns} c WHERE c.resource_id = f.id AND c.until > {now}) LIMIT "
     + str(statements.LINE_ROOM)
     + ") n){less}) LIMIT 1)"
 )
@@ -97,17 +106,18 @@ TELL_TURNS = (
 
 # The first live waiter of a released row (``me``: its kind, name and data, read before), as
 # served (LINE_CLEAR): of the row's own line first, then of the kind's, higher priority first,
-# then who asked first, those whose where= the row does not match aside; locked, so that two
+# then who asked first, those whose where= the row does not match aside (a waiter with a target
+# takes no hand-off: its grant_ttl is 0, ``line.places.take_place``); locked, so that two
 # releases never hand their rows to one waiter (the second waits for the first to commit and
 # then finds that place gone: it hands nothing and tells turns instead), and a waiter that
 # leaves meanwhile (LEAVE_LINE, its own grant deleting its place) is either handed the row
 # before it leaves, or not at all. Only a row marked for its line (a waiter may be in it),
 # enabled and not in quarantine is handed. (id)
 HEAD_OF_LINE = (
-    "me AS (SELECT kind, name, data FROM {table} WHERE id = {p} AND line_until > {now} AND enabled = {true}"
+    "me AS (SELECT id, kind, name, data FROM {table} WHERE id = {p} AND line_until > {now} AND enabled = {true}"
     " AND (quarantined_until IS NULL OR quarantined_until <= {now})),"
-    " h AS (SELECT w.id AS place, w.holder AS next_holder, w.token AS next_token, w.grant_ttl AS next_ttl,"
-    " w.channel AS next_channel, w.name AS line_name FROM {waiters} w, me"
+    " h AS (SELECT w.id AS place, w.holder AS who, w.token AS tok, w.grant_ttl AS ttl,"
+    " w.channel AS chan, w.name AS line_name FROM {waiters} w, me"
     " WHERE w.kind = me.kind AND (w.name = '' OR (w.name = me.name AND me.name <> ''))"
     " AND w.expires_at > {now} AND (w.filter IS NULL OR {head_matches})"
     " ORDER BY w.name = '', w.priority DESC, w.id LIMIT 1 FOR UPDATE OF w)"
@@ -135,7 +145,7 @@ HANDED_GRANT = (
 # is a CASE WHEN or a WHERE, where NULL is not true. (Short on purpose: RELEASE names it twelve
 # times, and psycopg caches the parsing of a statement up to 4096 bytes only:
 # tests/test_statements.py.)
-HANDED = "h.next_ttl > 0"
+HANDED = "h.ttl > 0"
 
 # Give a live grant back (RELEASE). If the head of the row's line takes hand-offs, the row is
 # granted to it in the same statement, as a grant would (GRANT_SET: fence + 1, its holder,
@@ -157,21 +167,21 @@ RELEASE = (
     " took_over = CASE WHEN {handed} THEN {false} ELSE took_over END,"
     " previous_holder = CASE WHEN {handed} THEN holder ELSE previous_holder END,"
     " fence = CASE WHEN {handed} THEN fence + 1 ELSE fence END,"
-    " holder = CASE WHEN {handed} THEN h.next_holder ELSE holder END,"
-    " grant_token = CASE WHEN {handed} THEN h.next_token ELSE '' END,"
-    " busy_before = CASE WHEN {handed} THEN clock_timestamp() + make_interval(secs => h.next_ttl) ELSE {freed_at} END,"
+    " holder = CASE WHEN {handed} THEN h.who ELSE holder END,"
+    " grant_token = CASE WHEN {handed} THEN h.tok ELSE '' END,"
+    " busy_before = CASE WHEN {handed} THEN clock_timestamp() + make_interval(secs => h.ttl) ELSE {freed_at} END,"
     " acquired_at = CASE WHEN {handed} THEN {now} ELSE acquired_at END,"
     " renewed_at = CASE WHEN {handed} THEN {now} ELSE renewed_at END,"
     " released_at = CASE WHEN {handed} THEN NULL ELSE {now} END,"
     " lock_delay = CASE WHEN {handed} THEN 0 ELSE lock_delay END"
-    " FROM (SELECT) one LEFT JOIN h ON TRUE WHERE {ours}"
-    " RETURNING {table}.id AS row_id, kind, name, data, line_until, {handed} AS handed, h.place, h.next_channel,"
+    " FROM (SELECT) o LEFT JOIN h ON TRUE WHERE {ours}"
+    " RETURNING {table}.id AS row_id, kind, name, data, line_until, {handed} AS handed, h.place, h.chan,"
     " h.line_name, fence, previous_holder, acquired_at, busy_before),"
     " gone AS (DELETE FROM {waiters} WHERE id = (SELECT place FROM r WHERE handed))"
-    " SELECT CASE WHEN r.handed AND r.next_channel <> '' THEN (SELECT COUNT(*) FROM pg_notify(r.next_channel,"
+    " SELECT CASE WHEN r.handed AND r.chan <> '' THEN (SELECT COUNT(*) FROM pg_notify(r.chan,"
     " " + HANDED_GRANT + "::text)) WHEN r.handed THEN 0"
     " WHEN r.line_until > {now} THEN ("
-    + TELL_TURNS.replace("{line_turns}", LINE_TURNS.replace("{less}", ""))
+    + TELL_TURNS.replace("{line_turns}", LINE_TURNS.replace("{less}", "").replace("{row_id}", "row_id"))
     + ") END, CASE WHEN r.handed THEN r.place ELSE 0 END FROM r"
 )
 
@@ -183,7 +193,7 @@ RELEASE = (
 # PASS_TURN. Only while the row is still free: a grant since has served someone. (id)
 TELL_TURNS_AFTER = (
     "SELECT ("
-    + TELL_TURNS.replace("{line_turns}", LINE_TURNS.replace("{less}", " - 1"))
+    + TELL_TURNS.replace("{line_turns}", LINE_TURNS.replace("{less}", " - 1").replace("{row_id}", "id"))
     + ") FROM {table} r WHERE r.id = {p} AND r.line_until > {now} AND r.busy_before <= {now}"
 )
 
@@ -201,11 +211,15 @@ CLAIM_HANDED = (
 
 # A turn told to a waiter that did not take it (it was served by then, or gave up) passed on
 # to the first waiters of its line (``wakeups.pass_turn``), as RELEASE tells them, the where=
-# of each taken as matching. (kind, name)
+# of each taken as matching and no row as cooling down. (kind, name)
 PASS_TURN = (
-    "WITH r AS (SELECT CAST({p} AS text) AS kind, CAST({p} AS text) AS name, CAST(NULL AS jsonb) AS data)"
+    "WITH r AS (SELECT CAST({p} AS text) AS kind, CAST({p} AS text) AS name, CAST(NULL AS jsonb) AS data,"
+    " CAST(NULL AS bigint) AS row_id)"
     " SELECT ("
-    + TELL_TURNS.replace("{line_turns}", LINE_TURNS.replace("{less}", " - 1").replace("{turn_matches}", "{true}"))
+    + TELL_TURNS.replace(
+        "{line_turns}",
+        LINE_TURNS.replace("{less}", " - 1").replace("{turn_matches}", "{true}").replace("{row_id}", "row_id"),
+    )
     + ") FROM r"
 )
 
@@ -290,9 +304,10 @@ class PostgreSQLDialect(Dialect):
         super().__init__(connection)
         pieces = self.pieces()
         self.leaving = {
-            (name, filtered): LEAVING_LINE.format(grant=self.forms[True, filtered][name], **pieces)
+            (name, filtered, targeted): LEAVING_LINE.format(grant=self.forms[True, filtered, targeted][name], **pieces)
             for name in LEAVING_GRANTS
             for filtered in (False, True)
+            for targeted in (False, True)
         }
 
     def pieces(self) -> dict[str, str]:
@@ -317,8 +332,8 @@ class PostgreSQLDialect(Dialect):
         # docs/pitfalls.md#json-compared. The filter's entries as rows; each key's value in the row must have the same jsonb
         # type and text (->>: a string unquoted, a number as written, so 1 is not 1.0).
         return (
-            f"NOT EXISTS (SELECT 1 FROM jsonb_to_recordset({where}) AS f(k text, t text, s text)"
-            f" WHERE NOT COALESCE(jsonb_typeof({data} -> f.k) = f.t AND (f.t = 'null' OR ({data} ->> f.k) = f.s),"
+            f"NOT EXISTS (SELECT FROM jsonb_to_recordset({where}) AS f(k text, t text, s text)"
+            f" WHERE NOT COALESCE(jsonb_typeof({data}->f.k) = f.t AND (f.t = 'null' OR ({data}->>f.k) = f.s),"
             " FALSE))"
         )
 

@@ -105,7 +105,7 @@ LOOK_READ = (
     " 0,"
     " (SELECT COUNT(*) FROM {table} WHERE kind = {p} AND name = {p} AND {rw_readable}),"
     " (SELECT MAX({free_at}) FROM {table} WHERE kind = {p} AND name = {p}),"
-    " {now}"
+    " {now}, NULL"
 )
 
 

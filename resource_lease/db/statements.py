@@ -26,6 +26,13 @@ The pieces a template may use:
 ``{own_filter}``
     Empty in the statements of a caller without a ``where=`` filter; `` AND {param_matches}``
     in those with one.
+``{own_target}``
+    Empty in the statements of a caller without a ``target=``; `` AND NOT {param_cools}`` in
+    those with one (``OWN_TARGET``): the row is not cooling down for the target given as the
+    next parameter (``models.Cooldown``).
+``{cooldowns}``, ``{waiter_cools}``
+    The cooldowns' table, and whether the row is cooling down for the target of the waiter
+    ``w`` (false for a waiter without one).
 ``{line_check}``
     How a grant honours the line of waiters: ``LINE_CLEAR`` (the line form, for a caller with a
     place in line, and for a newcomer when the other form found the row marked) or
@@ -99,13 +106,22 @@ DELAY_OVER = "(grant_token = '' OR lock_delay = 0 OR {delay_end} <= {now})"
 #: to the front, whatever else is free.
 LINE_ROOM = 64
 
+# Whether the row ({table}) is cooling down for a target: the waiter w's (none: false), or the
+# caller's, given as the next parameter (OWN_TARGET). A cooldown ends by the database's clock.
+WAITER_COOLS = (
+    "(w.target <> '' AND EXISTS (SELECT 1 FROM {cooldowns} c WHERE c.target = w.target"
+    " AND c.resource_id = {table}.id AND c.until > {now}))"
+)
+OWN_TARGET = " AND NOT EXISTS (SELECT 1 FROM {cooldowns} c WHERE c.target = {p} AND c.resource_id = {table}.id AND c.until > {now})"
+
 # A grant's turn: the row's line (its kind, and its name or '' for any row) leaves room for the
 # caller. Ahead of it: the live waiters with a higher priority, or the same and an older place;
 # a caller without a live place (a newcomer, timeout=0; a waiter paused past its place's ttl)
 # has every live waiter ahead of it. Room: fewer waiters ahead of it without a where= (any row
 # serves them) than there are free rows, and no waiter ahead of it whose where= this row
 # matches (each counts LINE_ROOM, so one sum says both). Waiters whose where= the row does not
-# match do not count. So a pool's line serves as many of its first waiters at once as it has
+# match do not count, nor those whose target the row is cooling down for (WAITER_COOLS): a
+# waiter cannot block the rows it may not take. So a pool's line serves as many of its first waiters at once as it has
 # free rows (up to LINE_ROOM), each with a row of its own, rather than one at a time through
 # the head of the line. A caller without a live place has room for one only: it takes a row
 # only if no live waiter wants it, as if the pool had that one free row. (Callers without a
@@ -114,7 +130,7 @@ LINE_ROOM = 64
 # A named row's line has room for its first waiter only.
 # (line name, id, priority, priority, id, id, line name, id, kind)
 LINE_CLEAR = (
-    "(SELECT COALESCE(SUM(CASE WHEN w.filter IS NULL THEN 1 WHEN {waiter_matches} THEN "
+    "(SELECT COALESCE(SUM(CASE WHEN {waiter_cools} THEN 0 WHEN w.filter IS NULL THEN 1 WHEN {waiter_matches} THEN "
     + str(LINE_ROOM)
     + " ELSE 0 END), 0)"
     " FROM {waiters} w WHERE w.kind = {table}.kind AND w.name = {p}"
@@ -135,9 +151,9 @@ LINE_CLEAR = (
 UNMARKED = "(line_until IS NULL OR line_until <= {now})"
 
 # What a grant may take: free, past its lock delay, the caller's turn ({line_check}:
-# LINE_CLEAR, or UNMARKED for a newcomer's first try) and the caller's where= ({own_filter}).
-# (kind, [*line], [where])
-GRANTABLE = "{free} AND {delay_over} AND {line_check}{own_filter}"
+# LINE_CLEAR, or UNMARKED for a newcomer's first try), the caller's where= ({own_filter}) and
+# not cooling down for its target ({own_target}). (kind, [*line], [where], [target])
+GRANTABLE = "{free} AND {delay_over} AND {line_check}{own_filter}{own_target}"
 
 # The grant's SET list. Order matters on MySQL, which evaluates assignments left to right
 # with already-updated values (docs/pitfalls.md#set-order): read the old holder and token first.
@@ -232,13 +248,13 @@ MARK_NAMED = (
     " AND (line_until IS NULL OR line_until < {expiry})"
 )
 
-# Take a place at the back of a line: (kind, name, holder, priority, filter, shared, token,
-# channel, grant_ttl, ttl), its id read back by (token). The channel: where the waiter's
+# Take a place at the back of a line: (kind, name, holder, priority, filter, target, shared,
+# token, channel, grant_ttl, ttl), its id read back by (token). The channel: where the waiter's
 # process hears its turn (PostgreSQL's RELEASE), '' elsewhere; grant_ttl: the ttl of the grant
 # a release may hand the waiter (PostgreSQL's RELEASE), 0 elsewhere.
 ENTER_LINE = Returning(
-    "INSERT INTO {waiters} (kind, name, holder, priority, filter, shared, token, channel, grant_ttl, since, expires_at)"
-    " VALUES ({p}, {p}, {p}, {p}, {json_param}, {p}, {p}, {p}, {p}, {now}, {expiry})",
+    "INSERT INTO {waiters} (kind, name, holder, priority, filter, target, shared, token, channel, grant_ttl, since,"
+    " expires_at) VALUES ({p}, {p}, {p}, {p}, {json_param}, {p}, {p}, {p}, {p}, {p}, {now}, {expiry})",
     returning="id",
     read_back="token = {p}",
     table="{waiters}",
@@ -264,30 +280,34 @@ PURGE_LINES = "DELETE FROM {waiters} WHERE expires_at <= {now}"
 
 # A waiter's look at its line, all reads (no row lock, cheap enough to run often): whether its
 # place is live, how many live waiters are ahead of it (and how many of those have a where=
-# of their own: they may not want the rows it could take), whether a row it could take is
-# free (up to {limit} of them), when the first held row of the line expires, and the
-# database's clock.
+# or a target of their own: they may not want the rows it could take), whether a row it could
+# take is free (up to {limit} of them), when the first held row of the line expires, the
+# database's clock, and when the first cooldown of its target on a row of the kind ends (no
+# release tells a waiter that: it looks again then; NULL for a waiter without a target).
 # Any row of a kind: (id, kind, id, priority, priority, id, kind, id, priority, priority, id,
-# kind, [where], kind).
+# kind, [where], [target], kind, target or '', kind).
 LOOK_ANY = (
     "SELECT (SELECT COUNT(*) FROM {waiters} me WHERE me.id = {p} AND me.expires_at > {now}),"
     " (SELECT COUNT(*) FROM {waiters} w WHERE w.kind = {p} AND w.name = '' AND w.expires_at > {now}"
     " AND w.id <> {p} AND (w.priority > {p} OR (w.priority = {p} AND w.id < {p}))),"
     " (SELECT COUNT(*) FROM {waiters} w WHERE w.kind = {p} AND w.name = '' AND w.expires_at > {now}"
-    " AND w.id <> {p} AND (w.priority > {p} OR (w.priority = {p} AND w.id < {p})) AND w.filter IS NOT NULL),"
+    " AND w.id <> {p} AND (w.priority > {p} OR (w.priority = {p} AND w.id < {p}))"
+    " AND (w.filter IS NOT NULL OR w.target <> '')),"
     " {look_free},"
     " (SELECT MIN(busy_before) FROM {table} WHERE kind = {p} AND busy_before > {now} AND enabled = {true}),"
-    " {now}"
+    " {now},"
+    " (SELECT MIN(c.until) FROM {cooldowns} c WHERE c.target = {p} AND c.until > {now}"
+    " AND c.resource_id IN (SELECT id FROM {table} WHERE kind = {p}))"
 )
 
 # The look's free rows the waiter could take, up to {limit}: how many (MySQL: which, LOOK_FREE
-# in db/mysql.py). ([where])
+# in db/mysql.py). ([where], [target])
 LOOK_FREE = (
-    "(SELECT COUNT(*) FROM (SELECT 1 FROM {table} {index_hint} WHERE {free} AND {delay_over}{own_filter}"
+    "(SELECT COUNT(*) FROM (SELECT 1 FROM {table} {index_hint} WHERE {free} AND {delay_over}{own_filter}{own_target}"
     " LIMIT {limit}) f)"
 )
 
-# The same for one named row (its line has no where= filters); the row frees up at the end of
+# The same for one named row (its line has no where= filters nor targets); the row frees up at the end of
 # its lock delay if its grant is not given back:
 # (id, kind, name, id, priority, priority, id, kind, name, kind, name).
 LOOK_NAMED = (
@@ -297,7 +317,7 @@ LOOK_NAMED = (
     " 0,"
     " (SELECT COUNT(*) FROM {table} WHERE {free} AND {delay_over} AND name = {p}),"
     " (SELECT MAX({free_at}) FROM {table} WHERE kind = {p} AND name = {p}),"
-    " {now}"
+    " {now}, NULL"
 )
 
 # The live places of a line in the order they are served, first {limit}: (kind, name).
@@ -338,6 +358,7 @@ TEMPLATES: dict[str, str | Returning] = {
     "OURS": OURS,
     "FREE": FREE,
     "UNMARKED": UNMARKED,
+    "WAITER_COOLS": WAITER_COOLS,
     "LINE_CLEAR": LINE_CLEAR,
     "GRANTABLE": GRANTABLE,
     "GRANT_SET": GRANT_SET,

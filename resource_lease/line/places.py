@@ -198,12 +198,13 @@ def enter(
     where: str | None,
     ttl: float,
     waker: Waker,
+    target: str = "",
     shared: bool = False,
     handoff: bool = False,
 ) -> Place:
-    """Take a place at the back of ``line`` (``shared``: as a reader of an rwlock; ``handoff``:
-    one that a release may hand a grant of ``ttl`` seconds, where the database can); its
-    renewal starts at once."""
+    """Take a place at the back of ``line`` (``target``: rows cooling down for it do not serve
+    it; ``shared``: as a reader of an rwlock; ``handoff``: one that a release may hand a grant
+    of ``ttl`` seconds, where the database can); its renewal starts at once."""
     keeper().refuse_when_stopping("places in line")  # the process gives back what it holds
     _purge_now_and_then(line)
     sent_at = time.monotonic()
@@ -218,6 +219,7 @@ def enter(
         priority=priority,
         where=where,
         ttl=ttl,
+        target=target,
         shared=shared,
         mark=mark,
         channel=turn_channel(line.alias),
@@ -269,9 +271,10 @@ def _purge_now_and_then(line: Line) -> None:
     ops(line.alias).purge_line(line.kind, line.name)
 
 
-def look(place: Place, where: str | None, shared: bool = False) -> Look:
+def look(place: Place, where: str | None, shared: bool = False, target: str = "") -> Look:
     stats.looks += 1
-    return ops(place.line.alias).look(place.line.kind, place.line.name, turn=place.turn, where=where, shared=shared)
+    turn = place.turn.aiming(target)
+    return ops(place.line.alias).look(place.line.kind, place.line.name, turn=turn, where=where, shared=shared)
 
 
 def waiters(line: Line, limit: int = 10) -> list[WaitingPlace]:

@@ -46,6 +46,11 @@ def _interval(look: Look, pushed: bool) -> float:
         # First in line behind a holder: look again when its lease runs out, in case it died.
         until = (look.next_free_at - look.now).total_seconds()
         pause = min(pause, max(until, 0.0) + float(lease_settings.LINE_POLL))
+    if look.cooled_at is not None:
+        # A row cooling down for the waiter's target: nobody releases it when its cooldown
+        # ends, so nobody tells the waiter; it looks again then.
+        until = (look.cooled_at - look.now).total_seconds()
+        pause = min(pause, max(until, 0.0) + float(lease_settings.LINE_POLL))
     return pause
 
 
@@ -85,9 +90,9 @@ Step = Attempt | Call | Claim | Pause
 
 class Request(Protocol):
     """What a caller asks of the line, built once by its entry point (``line.Wait``): the
-    line, who asks and for how long, its priority and ``where=`` (as the dialect encoded it),
-    whether it reads an rwlock (``shared``), and how it makes its grant of a row a release
-    hands to its place (``make``; None: its place takes no hand-off)."""
+    line, who asks and for how long, its priority, ``where=`` (as the dialect encoded it) and
+    ``target`` ('' for none), whether it reads an rwlock (``shared``), and how it makes its
+    grant of a row a release hands to its place (``make``; None: its place takes no hand-off)."""
 
     @property
     def line(self) -> Line: ...
@@ -99,6 +104,8 @@ class Request(Protocol):
     def priority(self) -> int: ...
     @property
     def where(self) -> str | None: ...
+    @property
+    def target(self) -> str: ...
     @property
     def shared(self) -> bool: ...
     @property
@@ -126,6 +133,7 @@ class Waiting:
         self.ttl = request.ttl
         self.priority = request.priority
         self.where = request.where
+        self.target = request.target
         self.waker = waker
         self.place: Place | None = None
         self._listening = False
@@ -166,6 +174,7 @@ class Waiting:
                 where=self.where,
                 ttl=self.ttl,
                 waker=self.waker,
+                target=self.target,
                 shared=self.shared,
                 handoff=self.make is not None,
             )
@@ -202,7 +211,7 @@ class Waiting:
 
     def _look(self) -> Look:
         assert self.place is not None
-        return places.look(self.place, self.where, self.shared)
+        return places.look(self.place, self.where, self.shared, self.target)
 
     def _listen(self) -> None:
         self._listening = True

@@ -152,6 +152,9 @@ class Wait(Generic[T]):
     ttl: float
     priority: int = 0
     where: str | None = None
+    #: What the grant is for (``acquire(target=...)``): rows cooling down for it do not serve
+    #: it. '' for none.
+    target: str = ""
     #: A reader of an rwlock (``wait_in_line``'s ``shared``).
     shared: bool = False
     #: How the caller makes its grant of a row a release handed to its place in its own

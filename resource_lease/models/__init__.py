@@ -9,6 +9,7 @@
 ``line``       ``Waiter``, a caller's place in the line of waiters
 ``api``        ``ApiToken``, ``IdempotencyKey``: the HTTP API's (docs/http.md)
 ``policy``     ``PoolPolicy``, how a pool learns (``pool_policy``)
+``cooldowns``  ``Cooldown``, a resource's cooldown for one target (``acquire(target=...)``)
 ``proxies``    the admin's proxies of ``Resource``: ``PoolOverview``, ``LockRow``,
                ``SemaphoreSlot``, ``RwLockRow``, ``ElectionRow``, ``GroupMember``, ``BarrierOverview``
 """
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 from resource_lease.models.api import ApiToken, IdempotencyKey
+from resource_lease.models.cooldowns import TARGET_MAX, Cooldown
 from resource_lease.models.counters import Counter
 from resource_lease.models.dispenser import DispenserItem
 from resource_lease.models.elections import LeadershipTerm
@@ -60,9 +62,11 @@ __all__ = [
     "NEVER",
     "QUARANTINED",
     "STATES",
+    "TARGET_MAX",
     "ApiToken",
     "BarrierOverview",
     "ConfigEntry",
+    "Cooldown",
     "Counter",
     "DispenserItem",
     "ElectionRow",

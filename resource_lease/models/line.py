@@ -55,6 +55,14 @@ class Waiter(models.Model):
         blank=True,
         help_text="The where= the waiter asked for, as the database compares it ([key, type, text] per key).",
     )
+    target = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="The target the waiter asked for (acquire(target=...)): rows cooling down for it do not serve it."
+        " Empty: none.",
+    )
     shared = models.BooleanField(
         default=False,
         db_default=False,
@@ -80,8 +88,8 @@ class Waiter(models.Model):
         help_text="The place is lost after this (database clock) unless its process renews it."
     )
 
-    # Made exact by migration 0010 (ExactCollation); check W010 keeps watching them.
-    exact_text_fields: ClassVar[tuple[str, ...]] = ("kind", "name")
+    # Made exact by migrations 0010 and 0020 (ExactCollation); check W010 keeps watching them.
+    exact_text_fields: ClassVar[tuple[str, ...]] = ("kind", "name", "target")
 
     objects = WaiterQuerySet.as_manager()
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,7 @@ def check(
     verdict = Verdict()
     units: list[Grant] = []
     saves: dict[str, list[tuple[int, int, int]]] = defaultdict(list)  # row: (fence, units, pid)
+    unsaved: dict[str, list[int]] = defaultdict(list)  # row: fences of saves whose answer was lost
     semaphores: dict[str, list[Grant]] = defaultdict(list)
     rounds: dict[str, dict[int, list[tuple[str, int, int, int]]]] = defaultdict(lambda: defaultdict(list))
     dones: Counter[str] = Counter()
@@ -153,6 +155,9 @@ def check(
             elif word == "save":
                 verdict.operations += 1
                 saves[line[1]].append((int(line[2]), int(line[3]), h.pid))
+            elif word == "unsaved":
+                verdict.operations += 1
+                unsaved[line[1]].append(int(line[2]))
             elif word == "claim":
                 verdict.operations += 1
                 claims[(line[1], int(line[2]))].add(h.pid)
@@ -194,7 +199,7 @@ def check(
             for text in _over_capacity(held, slots):
                 verdict.add("over_capacity", f"{name}: {text}")
     for row, saved in saves.items():
-        for text in _bad_saves(saved, faults.killed):
+        for text in _bad_saves(saved, faults.killed, unsaved[row]):
             verdict.add("state_sequence", f"election row {row}: {text}")
     for barrier, seen in rounds.items():
         for text in _bad_rounds(seen, size):
@@ -230,15 +235,19 @@ def _over_capacity(units: list[Grant], slots: int) -> list[str]:
     return found
 
 
-def _bad_saves(saves: list[tuple[int, int, int]], killed: set[int]) -> list[str]:
+def _bad_saves(saves: list[tuple[int, int, int]], killed: set[int], unknown: Sequence[int] = ()) -> list[str]:
     """Each leader saves the state it read plus one. A save is only ever lost from the log
-    when its leader was killed between saving and logging: at most one per term, its last.
-    So between two logged saves the state may jump by one more for the previous saver if it
-    was killed, and for each term between them that logged nothing (its leader may have saved
-    once and died); anything else, and a state that does not go up, is two leaders' work."""
+    when its leader was killed between saving and logging (at most one per term, its last),
+    or when its answer was lost with the connection (``unknown``: the fences of such saves,
+    logged as such; the leader may go on in the same term). So between two logged saves the
+    state may jump by one more for the previous saver if it was killed, for each term between
+    them that logged nothing (its leader may have saved once and died) and for each save of
+    unknown outcome in those terms; anything else, and a state that does not go up, is two
+    leaders' work."""
     found, last, last_fence, by = [], 0, 0, 0
     for fence, units, pid in sorted(saves):
-        unlogged = int(pid != by and by in killed) + max(0, fence - last_fence - 1)
+        maybe = sum(1 for f in unknown if last_fence <= f <= fence)
+        unlogged = int(pid != by and by in killed) + max(0, fence - last_fence - 1) + maybe
         if not last + 1 <= units <= last + 1 + unlogged:
             found.append(f"saved units={units} under fence {fence} after units={last}")
         last, last_fence, by = units, fence, pid

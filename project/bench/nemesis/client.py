@@ -16,7 +16,9 @@ The lines (``checker.py`` reads them):
   ``check()`` that passed, so the interval lies inside the grant's validity by the local
   deadline (a client stopped past its ttl fails that check and records nothing).
 - ``wait T0 T1 OUTCOME TIMEOUT``: one wait for a grant (granted, timeout, lost, error).
-- ``save ROW FENCE UNITS T``: an election's hand-over state saved (``{"units": UNITS}``).
+- ``save ROW FENCE UNITS T``: an election's hand-over state saved (``{"units": UNITS}``);
+  ``unsaved ROW FENCE UNITS T``: a save whose answer was lost with the connection (it may
+  have been written).
 - ``round BARRIER ROUND FENCE COHORT T0 T1``: a barrier member inside round ROUND with that cohort.
 - ``claim KEY FENCE T`` and ``done KEY FENCE COUNT T``: dispenser items claimed and marked
   done (COUNT: what ``done`` said it marked, 0 or 1); ``put PREFIX N T``: items
@@ -156,6 +158,8 @@ class ElectionClient(Client):
         self.election = self.elections[0]
 
     def step(self) -> None:
+        from resource_lease.exceptions import LeaseDatabaseError
+
         self.election = random.choice(self.elections)
         lease = self.waited(lambda: self.election.campaign(timeout=self.wait_timeout))
         if lease is None:
@@ -169,7 +173,13 @@ class ElectionClient(Client):
                 t1 = now()
                 lease.check()
                 self.history.write("unit", lease.resource.pk, lease.fence, t0, t1)
-                self.election.save_state({"units": units + 1})
+                try:
+                    self.election.save_state({"units": units + 1})
+                except LeaseDatabaseError:
+                    # Maybe saved: the answer lost with the connection (a switchover). The
+                    # same leader may go on in the same term (its resign failed too).
+                    self.history.write("unsaved", lease.resource.pk, lease.fence, units + 1, now())
+                    raise
                 self.history.write("save", lease.resource.pk, lease.fence, units + 1, now())
         finally:
             self.election.resign()

@@ -80,10 +80,16 @@ class Failover:
 
 
 def leader() -> int:
-    answer = patroni("leader", timeout=30)
-    if answer.returncode != 0 or not answer.stdout.strip().isdigit():
-        raise RuntimeError(f"scripts/patroni leader: {answer.stderr or answer.stdout}")
-    return int(answer.stdout.strip())
+    """The leader's node (1-3); for a moment after a healed cut or a failover the cluster may
+    name none: asked again for up to 30 s."""
+    deadline = time.monotonic() + 30
+    while True:
+        answer = patroni("leader", timeout=30)
+        if answer.returncode == 0 and answer.stdout.strip().isdigit():
+            return int(answer.stdout.strip())
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"scripts/patroni leader: {answer.stderr or answer.stdout}")
+        time.sleep(1)
 
 
 def wait_writable(ports: list[int], others: list[int], user: str, dbname: str) -> int:

@@ -1,0 +1,76 @@
+"""Targets and cooldowns: what a grant is for, and when a resource may next be used for it.
+
+``acquire(kind, target="shop.example")`` grants only a resource whose cooldown for that target
+has passed by the database's clock: the grant statement itself checks it (``OWN_TARGET`` in
+``db/statements.py``), and the line of waiters sets aside, for each row, the waiters whose
+target it is cooling down for (``WAITER_COOLS``), so a waiter never holds up the rows it may
+not take. A waiter with a target looks again when the first cooldown of its target ends (no
+release tells it). Cooldowns are rows of ``models.Cooldown``, written by a fenced upsert
+(``db/cooldowns.py``): ``lease.release(cooldown=s)`` (default: the policy's ``cooldown``),
+``lease.report("blocked", retry_after=s)``, and each targeted grant when the kind's policy
+caps grants per target (``target_rate=(n, per)``: the times of the last n grants are kept,
+and after the n-th the resource cools down until the oldest of them is ``per`` seconds old,
+so no ``per`` seconds hold more than n grants). Other targets are unaffected
+(docs/learning.md#targets).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from resource_lease.db.operations import ops
+from resource_lease.exceptions import LeaseLost
+from resource_lease.validation import check_seconds
+
+
+def aimed(lease: Any, target: str | None, *, cooldown: float, target_rate: tuple[int, float] | None) -> Any:
+    """A grant for ``target``, as its caller gets it: ``lease.target`` set, its release's
+    default ``cooldown`` (the kind's policy's), and the grant counted for the policy's
+    ``target_rate``."""
+    lease.target = target
+    if target is None:
+        return lease
+    lease.default_cooldown = cooldown
+    if target_rate is not None:
+        count(lease, *target_rate)
+    return lease
+
+
+def count(lease: Any, n: int, per: float) -> None:
+    """Count a targeted grant for ``target_rate=(n, per)``: keep the times of its resource's
+    last ``n`` grants for the target (the database's clock, as the grant wrote them); after
+    the n-th, cool the resource down for the target until the oldest is ``per`` seconds old.
+    The lease holds the resource, and the write is fenced, so no other grant of it counts
+    meanwhile."""
+    at = lease.resource.acquired_at.timestamp()
+    engine = ops(lease.using)
+    recent = [t for t in engine.read_recent(pk=lease.resource.pk, target=lease.target) if t > at - per]
+    recent = [*recent, at][-n:]
+    seconds = recent[0] + per - at if len(recent) >= n else 0.0
+    key = {"pk": lease.resource.pk, "holder": lease.holder, "fence": lease.fence}
+    if not engine.count_grant(**key, target=lease.target, recent=recent, seconds=max(seconds, 0.0)):
+        lease.mark_lost("counting its grant for the policy's target_rate found the lease expired or taken")
+
+
+def release_cooldown(lease: Any, cooldown: float | None) -> float:
+    """The cooldown a release of ``lease`` sets for its target, checked (``ValueError``,
+    nothing written): ``cooldown`` seconds, else the policy's default; 0 for none. A lease
+    without a target takes no ``cooldown``."""
+    if cooldown is None:
+        return float(getattr(lease, "default_cooldown", 0.0)) if getattr(lease, "target", None) else 0.0
+    seconds = check_seconds(cooldown, "cooldown")
+    if getattr(lease, "target", None) is None:
+        raise ValueError(f"cooldown={cooldown!r}: {lease!r} was not acquired with a target= to cool down for")
+    return seconds
+
+
+def cool(lease: Any, seconds: float) -> None:
+    """Cool ``lease``'s resource down for its target for ``seconds`` from now (database
+    clock), if the lease is still held: else ``LeaseLost`` (nothing written)."""
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"a cooldown must be finite and > 0 seconds, got {seconds!r}")
+    key = {"pk": lease.resource.pk, "holder": lease.holder, "fence": lease.fence}
+    if not ops(lease.using).cool(**key, target=lease.target, seconds=seconds):
+        lease.mark_lost("a cooldown found the lease expired or taken: nothing recorded")
+        raise LeaseLost(f"{lease!r}: {lease.lost_reason}")
