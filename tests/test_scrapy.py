@@ -9,6 +9,7 @@ logged and what the database holds afterwards are compared; nothing is timed.
 from __future__ import annotations
 
 import collections
+import datetime as dt
 import json
 import subprocess
 from collections.abc import Iterator
@@ -21,8 +22,8 @@ from scrapy.settings import Settings
 
 from project.bench.crawl_site import Simulator
 from resource_lease.contrib.scrapy import LeasedProxyMiddleware, Verdicts, proxy_url, retry_after_seconds
-from resource_lease.models import Resource
-from resource_lease.pool import HELD, with_state
+from resource_lease.models import Cooldown, Resource
+from resource_lease.pool import HELD, database_now, with_state
 from tests.conftest import REPO, spawn
 
 KIND = "scrapy-test"
@@ -70,6 +71,18 @@ def _held() -> int:
     return with_state(Resource.objects.filter(kind=KIND)).filter(state=HELD).count()
 
 
+def _long_cooldowns() -> set[tuple[int, str]]:
+    """(proxy index, site) of every cooldown with over 200 s left: a blocked report's 300 s
+    (RESOURCE_LEASE_BLOCKED_RETRY_AFTER, the simulator's 403 giving no Retry-After)."""
+    now = database_now()
+    rows = Cooldown.objects.filter(resource__kind=KIND).values_list("resource__name", "target", "until")
+    return {
+        (int(name.removeprefix("proxy-")), target)
+        for name, target, until in rows
+        if until > now + dt.timedelta(seconds=200)
+    }
+
+
 def test_a_crawl_goes_through_leased_proxies_reports_each_response_and_leaves_nothing_held(
     simulator: Simulator, tmp_path: Path
 ) -> None:
@@ -109,6 +122,8 @@ def test_a_crawl_goes_through_leased_proxies_reports_each_response_and_leaves_no
         if any(p == proxy and s != site and status == 200 and u > t for u, p, s, status in answers)
     }
     assert served_after, (blocked_at, answers)
+    # The cooldowns in the database: for exactly the pairs that were answered 403.
+    assert _long_cooldowns() == set(banned_hits)
 
     # Nothing is left held.
     assert _held() == 0
@@ -125,6 +140,7 @@ def test_negative_control_without_reports_banned_proxies_keep_being_sent_to_the_
     assert max(banned_hits.values()) > 1, banned_hits  # what the test above shows never happens with reports
     assert "resource_lease/report/blocked" not in crawl["stats"]
     assert not Resource.objects.filter(kind=KIND, health_score__gt=0).exists()
+    assert _long_cooldowns() == set()
     assert crawl["stats"]["resource_lease/leased"] == len(answers)
     assert _held() == 0
 

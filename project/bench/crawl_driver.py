@@ -166,7 +166,7 @@ def crawl(args: argparse.Namespace) -> dict[str, Any]:
         started = time.monotonic()
         try:
             if args.mode == "pool":
-                lease = acquire(args.kind, target=site, ttl=30, timeout=ACQUIRE_TIMEOUT)  # type: ignore[call-arg]
+                lease = acquire(args.kind, target=site, ttl=30, timeout=ACQUIRE_TIMEOUT)
             else:
                 lease = acquire(args.kind, ttl=30, timeout=ACQUIRE_TIMEOUT)
         except NoResourceAvailable:

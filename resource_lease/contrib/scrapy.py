@@ -270,10 +270,11 @@ class LeasedProxyMiddleware:
 
     def _acquire(self, target: str) -> Lease:
         from resource_lease.lease import acquire
+        from resource_lease.models import TARGET_MAX
 
         lease = acquire(
             self.kind,
-            target=target,  # type: ignore[call-arg]  # TODO(targets): remove once acquire() takes target=
+            target=target[:TARGET_MAX],  # a host name may be longer (253)
             ttl=self.ttl,
             timeout=self.timeout,
             using=self.using,
