@@ -21,6 +21,7 @@ Figures: useful responses (200) per second over the window, and the share of req
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -113,6 +114,7 @@ def crawl(ctx: Context) -> dict[str, Any]:
     sites = ",".join(f"site-{s}.test" for s in range(plan.crawl_sites))
     results: dict[str, Any] = {}
     kinds = []
+    ceiling = 0.0
     try:
         for mode in MODES:
             kind = kind_for(f"crawl-{mode}")
@@ -152,6 +154,10 @@ def crawl(ctx: Context) -> dict[str, Any]:
                 finally:
                     sim.stop()
                 results[mode] = _figures(outcome, plan.crawl_duration, len(sim.log()))
+                # The most 200s the sites give in the window: each (proxy, site) pair not
+                # banned, RATE answers per started window of PER seconds.
+                pairs = sum(plan.crawl_proxies - len(banned) for banned in sim.banned.values())
+                ceiling = pairs * RATE * math.ceil(plan.crawl_duration / PER) / plan.crawl_duration
             ctx.say(f"  crawl {mode}: {results[mode]['useful_per_s']} useful/s, wasted {results[mode]['wasted_share']}")
         return {
             "crawlers": plan.crawl_crawlers,
@@ -159,6 +165,7 @@ def crawl(ctx: Context) -> dict[str, Any]:
             "sites": plan.crawl_sites,
             "duration_s": plan.crawl_duration,
             "rate": [RATE, PER],
+            "ceiling_useful_per_s": round(ceiling, 1),
             "results": results,
         }
     finally:
@@ -174,7 +181,8 @@ def summary(doc: dict[str, Any]) -> list[str]:
             continue
         lines.append(
             f"{db['label']}: {result['crawlers']} crawlers, {result['proxies']} proxies, {result['sites']} sites,"
-            f" {result['duration_s']:g} s each"
+            f" {result['duration_s']:g} s each; the sites give at most {result.get('ceiling_useful_per_s', '?')}"
+            " useful answers/s over such a window"
         )
         lines += [
             "| contender | useful/s | requests/s | wasted | 403 | 429 | errors | no proxy in 1 s"
@@ -214,6 +222,9 @@ def plot(doc: dict[str, Any], path: Path) -> Path:
         names = [LABELS[m].split(" ", 1)[0] + " " + m for m in modes]
         top.bar(xs, [results[m]["useful_per_s"] for m in modes], color=[colors[m] for m in modes])
         top.set_ylabel("useful responses per second", fontsize=9)
+        if db["result"].get("ceiling_useful_per_s"):
+            top.axhline(db["result"]["ceiling_useful_per_s"], color="black", linestyle="--", linewidth=1)
+            top.text(0.01, 0.97, "dashed: the most the sites give", transform=top.transAxes, va="top", fontsize=8)
         top.set_title(db["label"])
         bottom.bar(xs, [100 * (results[m]["wasted_share"] or 0) for m in modes], color=[colors[m] for m in modes])
         bottom.set_ylabel("wasted requests (403, 429, errors), %", fontsize=9)
