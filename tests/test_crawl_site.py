@@ -1,5 +1,5 @@
 """project/bench/crawl_site.py, the crawl simulator the Scrapy test and ``lease_bench --scenario
-crawl`` run against: bans fixed by the seed, 429 past the rate, every answer logged."""
+crawl`` run against: bans fixed by ``--seed``, 429 past the rate, every answer logged."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def _get(proxy_url: str, url: str) -> tuple[int, str | None]:
 
 def test_each_site_bans_a_fixed_quarter_of_the_proxies() -> None:
     bans = banned_proxies(40, 8, seed=1)
-    assert bans == banned_proxies(40, 8, seed=1)  # the same seed, the same bans
+    assert bans == banned_proxies(40, 8, seed=1)  # the same bans every time
     assert bans != banned_proxies(40, 8, seed=2)
     assert list(bans) == [f"site-{s}.test" for s in range(8)]
     assert all(len(proxies) == 10 and len(set(proxies)) == 10 for proxies in bans.values())
