@@ -86,3 +86,20 @@ def bind(alias: str, kind: str, session: str, pk: int) -> None:
             SessionBinding.objects.using(alias).create(kind=kind, session=session, resource_id=pk, last_used=DbNow())
     except IntegrityError:  # bound by another caller at the same moment: ours stands
         bindings.update(resource_id=pk, last_used=DbNow())
+
+
+def live_bindings(pks: list[int], using: str, idle: dict[str, float]) -> dict[int, list[str]]:
+    """The sessions bound to the resources ``pks`` whose binding still lives (``idle``: each
+    kind's ``session_idle``), per resource (operators' views: the admin, ``inspect_pool``)."""
+    found: dict[int, list[str]] = {}
+    rows = (
+        SessionBinding.objects.using(using)
+        .filter(resource_id__in=pks)
+        .annotate(now=DbNow())
+        .order_by("session")
+        .values_list("resource_id", "kind", "session", "last_used", "now")
+    )
+    for pk, kind, session, last_used, now in rows:
+        if last_used > now - dt.timedelta(seconds=idle.get(kind, 600.0)):
+            found.setdefault(pk, []).append(session)
+    return found

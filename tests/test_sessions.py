@@ -161,3 +161,19 @@ def test_a_bad_session_is_refused_naming_it(make_pool, session: Any, named: str)
     with pytest.raises(ValueError, match=named):
         acquire("proxy", session=session)
     assert not SessionBinding.objects.exists() and not Resource.objects.filter(grant_token__gt="").exists()
+
+
+def test_operators_see_each_resources_sessions(make_pool, admin_client) -> None:
+    import io
+
+    from django.core.management import call_command
+
+    make_pool("proxy", 2)
+    lease = acquire("proxy", session="acct-42", ttl=30)
+    lease.release()
+    out = io.StringIO()
+    call_command("inspect_pool", "--json", stdout=out)
+    shown = {r["name"]: r["sessions"] for r in json.loads(out.getvalue())["resources"]}
+    assert shown[lease.resource.name] == ["acct-42"] and sum(map(len, shown.values())) == 1
+    page = admin_client.get(f"/admin/resource_lease/resource/{lease.resource.pk}/change/")
+    assert page.status_code == 200 and "acct-42" in page.content.decode()
