@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import transaction
 
-from resource_lease import health, line, pool, renewal, signals, targets
+from resource_lease import health, line, pool, renewal, sessions, signals, targets
 from resource_lease.audit import acting_as
 from resource_lease.conf import lease_settings
 from resource_lease.db.connections import refuse_on_event_loop
@@ -227,6 +227,10 @@ class Lease:
         #: cooldown its release sets for it unless told otherwise (``targets``).
         self.target: str | None = None
         self.default_cooldown = 0.0
+        #: The sticky session the grant is for (``acquire(session=...)``), and whether its
+        #: binding moved to this resource (``sessions``).
+        self.session: str | None = None
+        self.rebound = False
 
     def __repr__(self) -> str:
         state = "released" if self._released else "lost" if self.lost_event.is_set() else "held"
@@ -501,6 +505,7 @@ def acquiring(
     priority: int = 0,
     lock_delay: float = 0.0,
     target: str | None = None,
+    session: str | None = None,
 ) -> line.Wait[Lease]:
     """Lease any free, healthy resource of ``kind`` for ``ttl`` seconds.
 
@@ -509,7 +514,10 @@ def acquiring(
     first, woken at release). ``where``: keys and values the resource's ``data`` must have
     (``{"region": "eu"}``; compared exactly). ``target``: what the resource is for (a site,
     an API; at most 200 characters): only a resource whose cooldown for it has passed is
-    granted (docs/learning.md#targets). ``lock_delay``: seconds (default 0) for which
+    granted (docs/learning.md#targets). ``session``: a sticky session (at most 200
+    characters): the resource bound to it is granted while the binding lives, waited for in its
+    own line if another holds it; one that can no longer serve the session is replaced by a new
+    binding (``lease.rebound``; docs/learning.md#sessions). ``lock_delay``: seconds (default 0) for which
     the resource is granted to nobody if this lease expires without being released (a
     release frees it at once), by the database's clock. Raises ``NoResourceAvailable`` when none could be
     had (at once if the kind has no resources at all) and ``ValueError`` for bad arguments.
@@ -527,6 +535,7 @@ def acquiring(
     check_callable(on_lost, "on_lost")
     wanted = check_where(where)
     aim = check_target(target)
+    sticky = check_target(session, "session")
     priority = check_priority(priority)
     delay = check_seconds(lock_delay, "lock_delay", allow_zero=True)
     options.refuse_in_transaction("acquire()")
@@ -535,10 +544,54 @@ def acquiring(
     # grant statement: inside the wait, so a database that is down is the wait's error (its
     # metrics observe it), and never between a grant and its use (cached per process).
     policy = functools.cache(lambda: health.policy_of(alias, kind))
+    # A session's binding, read before the wait: a live one to a resource that can serve this
+    # call makes the call wait for that resource in its own line (``sessions``).
+    binding = (
+        sessions.bound(alias, kind, sticky, idle=policy().session_idle, where=wanted, target=aim)
+        if sticky is not None
+        else sessions.Bound()
+    )
+    engine = ops(alias)
 
     exists_checked = False
 
     def attempt(turn: Turn) -> Lease | None:
+        lease = bound_grant(turn) if binding.usable else pool_grant(turn)
+        if lease is not None and sticky is not None:
+            try:
+                sessions.bind(alias, kind, sticky, lease.resource.pk)
+            except Exception:
+                lease.release()  # unbound: not handed out
+                raise
+            lease.session = sticky
+            lease.rebound = binding.existed and lease.resource.pk != binding.pk
+        return lease
+
+    def bound_grant(turn: Turn) -> Lease | None:
+        """The session's bound resource, in its own line; if it can no longer serve the
+        session (quarantined, disabled, retired, cooling down for the target meanwhile), any
+        resource of the pool instead, which the session is then bound to."""
+        statement = engine.grant_by_id(
+            binding.pk,
+            kind=kind,
+            holder=holder,
+            ttl=ttl,
+            turn=turn.with_delay(delay).aiming(aim),
+            where_sql=where_sql,
+            line=binding.name,
+        )
+        lease = attempt_grant(kind, ttl=ttl, holder=holder, alias=alias, on_lost=on_lost, statement=statement)
+        if lease is not None:
+            if health.retire_due(lease, policy()):
+                lease.release()  # retired now: replaced below
+                lease = None
+            elif aim is not None:
+                targets.aimed(lease, aim, cooldown=policy().cooldown, target_rate=policy().target_rate)
+        if lease is None and not sessions.still_usable(alias, kind, sticky or "", binding.pk, where=wanted, target=aim):
+            lease = pool_grant(NEWCOMER)
+        return lease
+
+    def pool_grant(turn: Turn) -> Lease | None:
         nonlocal exists_checked
         current = policy()
         for _ in range(RETIRED_RETRIES):
@@ -564,6 +617,13 @@ def acquiring(
         return lease
 
     def conclude(lease: Lease | None) -> Lease:
+        if lease is None and binding.usable:
+            raise NoResourceAvailable(
+                f"the resource of kind {kind!r} bound to session {sticky!r} ({binding.name}) was not free within"
+                f" {wait:g}s",
+                kind=kind,
+                exists=True,
+            )
         if lease is None:
             matching = "" if wanted is None else f" matching {wanted!r}"
             matching += "" if aim is None else f" (not cooling down for {aim!r})"
@@ -573,7 +633,7 @@ def acquiring(
         return granted(lease, auto_renew=auto_renew)
 
     return line.Wait(
-        line.Line(alias, kind),
+        line.Line(alias, kind, binding.name if binding.usable else ""),
         attempt,
         conclude,
         timeout=wait,
@@ -582,10 +642,14 @@ def acquiring(
         priority=priority,
         where=where_sql,
         target=aim or "",
-        # A grant with a lock delay (which the hand-off does not write) or a target (counted,
-        # and its lease told its target, by ``attempt``) takes no hand-off.
+        # A session's bound resource that stops serving it (quarantined, disabled) frees up for
+        # nobody: the waiter's try, now and then, finds that out and takes another.
+        retry_every=SESSION_RETRY if binding.usable else 0.0,
+        # A grant with a lock delay (which the hand-off does not write), a target (counted, and
+        # its lease told its target, by ``attempt``) or a session (bound by ``attempt``) takes
+        # no hand-off.
         make=None
-        if delay or aim is not None
+        if delay or aim is not None or sticky is not None
         else retiring(making(holder=holder, ttl=ttl, alias=alias, on_lost=on_lost), policy),
     )
 
@@ -608,6 +672,10 @@ def retiring(
 
 acquire = runs(acquiring, "acquire")
 aacquire = awaits(acquiring, "aacquire")
+
+#: Seconds between a session waiter's tries of its bound resource while its looks see it
+#: taken: a try finds out whether the resource can still serve the session (``sessions``).
+SESSION_RETRY = 1.0
 
 #: How many grants in a row one attempt of ``acquire()`` gives back because their resource was
 #: past its policy's ``max_uses`` or ``max_age`` (each is retired as it is found).

@@ -19,8 +19,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from django.db.models import DurationField, ExpressionWrapper, F
+
+from resource_lease.db.clock import DbNow
 from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseLost
+from resource_lease.models import Cooldown
 from resource_lease.validation import check_seconds
 
 
@@ -74,3 +78,20 @@ def cool(lease: Any, seconds: float) -> None:
     if not ops(lease.using).cool(**key, target=lease.target, seconds=seconds):
         lease.mark_lost("a cooldown found the lease expired or taken: nothing recorded")
         raise LeaseLost(f"{lease!r}: {lease.lost_reason}")
+
+
+def live_cooldowns(pks: list[int], using: str) -> dict[int, list[dict[str, Any]]]:
+    """The cooldowns still running of the resources ``pks`` (operators' views: the admin,
+    ``inspect_pool``): per resource, each target with its end and the seconds left, by the
+    database's clock, the longest first."""
+    found: dict[int, list[dict[str, Any]]] = {}
+    rows = (
+        Cooldown.objects.using(using)
+        .filter(resource_id__in=pks, until__gt=DbNow())
+        .annotate(left=ExpressionWrapper(F("until") - DbNow(), output_field=DurationField()))
+        .order_by("-until")
+        .values_list("resource_id", "target", "until", "left")
+    )
+    for pk, target, until, left in rows:
+        found.setdefault(pk, []).append({"target": target, "until": until, "left": left})
+    return found

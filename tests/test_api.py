@@ -55,7 +55,19 @@ def test_acquire_renew_read_release(api: Callable[..., Api]) -> None:
     answer = alice.post("leases", {"kind": "gpu", "ttl": 10, "holder": "job-1"})
     assert answer.status_code == 201
     lease = answer.json()
-    assert set(lease) == {"id", "kind", "name", "data", "fence", "expires_at", "holder", "ttl", "target"}
+    assert set(lease) == {
+        "id",
+        "kind",
+        "name",
+        "data",
+        "fence",
+        "expires_at",
+        "holder",
+        "ttl",
+        "target",
+        "session",
+        "rebound",
+    }
     assert lease["target"] is None
     assert lease["kind"] == "gpu" and lease["ttl"] == 10 and lease["expires_at"].endswith("Z")
     assert lease["holder"].startswith("http:alice:job-1:")
@@ -160,11 +172,17 @@ def test_a_grant_whose_answer_was_lost_is_found_by_the_retry(api: Callable[..., 
     assert Resource.objects.live().filter(kind="gpu").count() == 1
 
 
-def test_a_session_is_refused_as_not_supported_yet(api: Callable[..., Api]) -> None:
-    answer = api().post("leases", {"kind": "gpu", "session": "acct-42"})
-    assert answer.status_code == 400 and answer.json()["field"] == "session"
-    assert "not supported yet" in answer.json()["error"]
-    assert not Resource.objects.live().filter(kind="gpu").exists()
+def test_a_session_keeps_its_resource_over_http(api: Callable[..., Api]) -> None:
+    alice = api()
+    first = alice.post("leases", {"kind": "gpu", "session": "acct-42"}).json()
+    assert (first["session"], first["rebound"]) == ("acct-42", False)
+    alice.post(f"leases/{first['id']}/release", {})
+    for _ in range(3):
+        again = alice.post("leases", {"kind": "gpu", "session": "acct-42"}).json()
+        assert again["name"] == first["name"], again
+        alice.post(f"leases/{again['id']}/release", {})
+    bad = alice.post("leases", {"kind": "gpu", "session": "s" * 201})
+    assert bad.status_code == 400 and bad.json()["field"] == "session"
 
 
 def test_a_target_and_its_cooldown_over_http(api: Callable[..., Api]) -> None:

@@ -272,7 +272,7 @@ def _bad_requests(lease_id: str, other_lease_id: str) -> list[tuple[str, str, An
         {"kind": "gpu", "idempotency_key": 42},
         {"kind": "gpu", "idempotency_key": "k" * 201},
         {"kind": "gpu", "target": "t" * 201},
-        {"kind": "gpu", "session": "acct-1"},
+        {"kind": "gpu", "session": ""},
         {"kind": "gpu", "colour": "red"},
     ):
         cases.append(("POST", "leases", body, None))

@@ -149,3 +149,21 @@ def test_without_the_second_telling_the_writer_sleeps_through_the_last_reader(
     w = read_race(waiting)
     with pytest.raises(AssertionError, match="no"):
         w.next("granted", timeout=STALLED_FOR)
+
+
+def test_a_release_pays_for_the_line_only_when_there_is_one(make_pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release of a row no waiter marked runs the plain statement (RELEASE_UNMARKED) and never
+    the hand-off's RELEASE; a marked row's release runs RELEASE (which tells its line). Shown by
+    a RELEASE that fails if it runs: the unmarked release succeeds, the marked one fails."""
+    from resource_lease import acquire
+    from resource_lease.db.connections import lease_connection
+    from resource_lease.exceptions import LeaseDatabaseError
+
+    make_pool("proxy", 2)
+    dialect = lease_connection("default").dialect
+    monkeypatch.setitem(dialect.sql, "RELEASE", "SELECT 1 / 0 WHERE %s > 0 AND %s > 0 AND %s <> '' AND %s > 0")
+    assert acquire("proxy", ttl=30).release() is True
+    marked = acquire("proxy", ttl=30)
+    Resource.objects.filter(pk=marked.resource.pk).update(line_until=dt.datetime(2999, 1, 1, tzinfo=dt.UTC))
+    with pytest.raises(LeaseDatabaseError):
+        marked.release()

@@ -341,3 +341,26 @@ async def test_the_asyncio_twins_take_a_target_and_a_cooldown(make_pool) -> None
     assert await lease.arelease(cooldown=30) is True
     with pytest.raises(NoResourceAvailable):
         await aacquire("proxy", target="t", timeout=0)
+
+
+def test_operators_see_each_resources_cooldowns(make_pool, admin_client) -> None:
+    """``inspect_pool`` (table and --json) and the resource's admin page show the targets a
+    resource is cooling down for, with the time left by the database's clock."""
+    import io
+
+    from django.core.management import call_command
+
+    make_pool("proxy", 2)
+    lease = acquire("proxy", target="shop.example", ttl=30)
+    lease.release(cooldown=120)
+    out = io.StringIO()
+    call_command("inspect_pool", "--json", stdout=out)
+    shown = {r["name"]: r["cooldowns"] for r in json.loads(out.getvalue())["resources"]}
+    assert [c["target"] for c in shown[lease.resource.name]] == ["shop.example"]
+    assert 110 < shown[lease.resource.name][0]["left"] <= 120
+    assert all(not cooling for name, cooling in shown.items() if name != lease.resource.name)
+    table = io.StringIO()
+    call_command("inspect_pool", stdout=table)
+    assert "cooling for shop.example" in table.getvalue()
+    page = admin_client.get(f"/admin/resource_lease/resource/{lease.resource.pk}/change/")
+    assert page.status_code == 200 and "shop.example" in page.content.decode()

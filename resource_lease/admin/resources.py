@@ -24,7 +24,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.text import capfirst
 
-from resource_lease import pool
+from resource_lease import health, pool, sessions, targets
 from resource_lease.admin.base import CSS, AppAdmin, StateFilter, actor, badge, breakable, plural
 from resource_lease.admin.data_keys import data_column, data_filter, data_keys
 from resource_lease.admin.times import at_second, lock_delay_html, time_html
@@ -171,6 +171,8 @@ class ResourceAdmin(AppAdmin):
         "busy_before_display",
         "time_left_display",
         "quarantine_display",
+        "cooldowns_display",
+        "sessions_display",
         "recent_events",
     )
     fieldsets = (
@@ -199,6 +201,10 @@ class ResourceAdmin(AppAdmin):
         (
             "Health (written by lease.report(); restore resets it)",
             {"fields": ("health_score", "backoff_level", "backoff_seconds")},
+        ),
+        (
+            "Targets and sessions (release(cooldown=), report('blocked', retry_after=), acquire(session=))",
+            {"fields": ("cooldowns_display", "sessions_display")},
         ),
         ("Recent events", {"fields": ("recent_events", "created_at")}),
     )
@@ -292,6 +298,27 @@ class ResourceAdmin(AppAdmin):
             return "-"
         reason = f": {obj.quarantine_reason}" if obj.quarantine_reason else ""
         return f"{format_duration(remaining)} left{reason}"
+
+    @admin.display(description="cooling down for")
+    def cooldowns_display(self, obj: Resource) -> str:
+        cooling = targets.live_cooldowns([obj.pk], obj._state.db or "default").get(obj.pk, [])
+        if not cooling:
+            return "no target"
+        return format_html(
+            "<ul class='rl-events'>{}</ul>",
+            format_html_join(
+                "",
+                "<li>{}: {} more (until {} UTC)</li>",
+                ((c["target"], format_duration(c["left"]), at_second(c["until"])) for c in cooling[:20]),
+            ),
+        )
+
+    @admin.display(description="bound sessions")
+    def sessions_display(self, obj: Resource) -> str:
+        alias = obj._state.db or "default"
+        idle = {obj.kind: health.policy_of(alias, obj.kind).session_idle}
+        bound = sessions.live_bindings([obj.pk], alias, idle).get(obj.pk, [])
+        return ", ".join(bound[:50]) + (" …" if len(bound) > 50 else "") if bound else "none"
 
     @admin.display(description="recent events")
     def recent_events(self, obj: Resource) -> str:

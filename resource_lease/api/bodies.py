@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from resource_lease.api.errors import ApiError, bad_request, not_supported_yet
+from resource_lease.api.errors import ApiError, bad_request
 from resource_lease.conf import lease_settings
 from resource_lease.validation import (
     check_holder,
@@ -67,6 +67,7 @@ class AcquireBody:
     holder: str | None
     idempotency_key: str | None
     target: str | None = None
+    session: str | None = None
 
     FIELDS = ("kind", "ttl", "wait", "where", "priority", "target", "session", "holder", "idempotency_key")
 
@@ -94,9 +95,8 @@ class AcquireBody:
                 raise bad_request("idempotency_key", f"idempotency_key must be a string of 1 to {MAX_KEY} characters")
             _checked("idempotency_key", check_text, key)
         target = _checked("target", check_target, body.get("target"))
-        if body.get("session") is not None:
-            raise not_supported_yet("session")
-        return cls(kind, ttl, wait, where, priority, holder, key, target)
+        session = _checked("session", check_target, body.get("session"))
+        return cls(kind, ttl, wait, where, priority, holder, key, target, session)
 
 
 def renew_ttl(raw: bytes) -> float | None:

@@ -33,9 +33,3 @@ class ApiError(Exception):
 def bad_request(field: str, error: str) -> ApiError:
     """400 naming the field."""
     return ApiError(400, error, field=field)
-
-
-def not_supported_yet(field: str) -> ApiError:
-    """400 for a field of the contract that this version does not serve yet (issue 40's
-    targets, sessions, cooldowns and reports: see docs/http.md#not-yet)."""
-    return ApiError(400, f"{field} is not supported yet by this server", field=field)

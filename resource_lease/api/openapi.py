@@ -90,7 +90,11 @@ def document(server: str) -> dict[str, Any]:
                                 "maxLength": 200,
                                 "description": "What the resource is for: only one not cooling down for it is granted.",
                             },
-                            "session": {"type": "string", "description": "Not supported yet (400)."},
+                            "session": {
+                                "type": "string",
+                                "maxLength": 200,
+                                "description": "A sticky session: the resource bound to it, waited for if another holds it.",
+                            },
                             "holder": {"type": "string", "maxLength": 100},
                             "idempotency_key": {"type": "string", "maxLength": MAX_KEY},
                         },

@@ -64,6 +64,10 @@ def _lease_json(ref: LeaseRef, *, name: str | None, data: Any, expires_at: dt.da
     }
 
 
+def _session_json(lease: Lease) -> dict[str, Any]:
+    return {"session": lease.session, "rebound": lease.rebound}
+
+
 def _answer(view: Any) -> Any:
     """``ApiError`` and the engine's database errors as JSON answers."""
 
@@ -121,6 +125,7 @@ async def _grant(body: bodies.AcquireBody, holder: str, wait: float) -> Lease:
             where=body.where,
             priority=body.priority,
             target=body.target,
+            session=body.session,
             using=_alias(),
         )
     except NoResourceAvailable as exc:
@@ -152,7 +157,7 @@ async def leases(request: HttpRequest) -> HttpResponse:
         return await _acquire_with_key(token, body)
     holder = http_holder(token.name, body.holder, secrets.token_hex(6))
     lease = await _grant(body, holder, body.wait)
-    return JsonResponse(_granted(lease, token, body.ttl), status=201)
+    return JsonResponse({**_granted(lease, token, body.ttl), **_session_json(lease)}, status=201)
 
 
 async def _acquire_with_key(token: ApiToken, body: bodies.AcquireBody) -> HttpResponse:
@@ -180,7 +185,7 @@ async def _acquire_with_key(token: ApiToken, body: bodies.AcquireBody) -> HttpRe
     if not recorded:
         await asyncio.shield(in_thread(_give_back, lease.resource.pk, lease.holder, lease.fence, lease.kind))
         raise ApiError(409, "another request with this idempotency_key took it over meanwhile", field="idempotency_key")
-    return JsonResponse(_granted(lease, token, body.ttl), status=201)
+    return JsonResponse({**_granted(lease, token, body.ttl), **_session_json(lease)}, status=201)
 
 
 async def _keep_claim(claim: keys.Claim, ttl: float) -> None:

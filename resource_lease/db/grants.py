@@ -92,9 +92,11 @@ class GrantStatements(RwLockStatements):
         ttl: float,
         turn: Turn = NEWCOMER,
         where: str | None = None,
+        line: str = "",
     ) -> Row | None:
         """Grant one chosen resource (the holder's lock step) if it is free and the caller's
-        ``turn``; return its row.
+        ``turn`` in the line ``line`` ('': the kind's; a row's name: that row's own line, where
+        a session waits for its bound resource); return its row.
 
         The same SET list as ``acquire`` (fence + 1, holder, token, expiry by the database's
         clock), conditional on the row being free; the matched-row count decides a race
@@ -107,7 +109,7 @@ class GrantStatements(RwLockStatements):
                 (
                     *self.grant_params(holder, token, self.ttl_param(ttl), turn),
                     pk,
-                    *self.grantable(kind, turn, where, in_line=in_line),
+                    *self.grantable(kind, turn, where, line, in_line=in_line),
                 ),
                 turn=turn,
                 where=where,

@@ -100,11 +100,19 @@ class Operations(ItemOperations, LineOperations, TermOperations, HealthOperation
 
     @staticmethod
     def grant_by_id(
-        pk: int, *, kind: str, holder: str, ttl: float, turn: Turn = NEWCOMER, where_sql: str | None = None
+        pk: int,
+        *,
+        kind: str,
+        holder: str,
+        ttl: float,
+        turn: Turn = NEWCOMER,
+        where_sql: str | None = None,
+        line: str = "",
     ) -> Grant:
-        """The row ``pk`` if it is free and the caller's turn (the holder's lock step)."""
+        """The row ``pk`` if it is free and the caller's turn in ``line`` (the holder's lock
+        step; a session's bound resource, in the row's own line)."""
         return lambda d, c, token: d.grant(
-            c, pk=pk, kind=kind, holder=holder, token=token, ttl=ttl, turn=turn, where=where_sql
+            c, pk=pk, kind=kind, holder=holder, token=token, ttl=ttl, turn=turn, where=where_sql, line=line
         )
 
     @staticmethod

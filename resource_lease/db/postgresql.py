@@ -185,6 +185,17 @@ RELEASE = (
     + ") END, CASE WHEN r.handed THEN r.place ELSE 0 END FROM r"
 )
 
+# A release of a row no waiter has marked (no line kept it lately: MARK_LINE): the plain release
+# of statements.py, which RELEASE is for such a row, without the hand-off's CTEs to plan and run
+# (issue 39: a caller pays for the line only when there is one). A marked row matches nothing,
+# and the release runs RELEASE. A waiter that marks the row while this runs waits for its row
+# lock: marked first, this matches nothing; released first, the waiter finds it free at its
+# look, as after a RELEASE of an unmarked row. (id, holder, fence)
+RELEASE_UNMARKED = (
+    "UPDATE {table} SET busy_before = {freed_at}, released_at = {now}, grant_token = ''"
+    " WHERE {ours} AND (line_until IS NULL OR line_until <= {now})"
+)
+
 # A freed row's turns told again, with a snapshot taken after its RELEASE committed, when that
 # release told nobody while the row was marked (a waiter may be in line): a place committed
 # while the release ran was not in its snapshot, and its waiter's look, made before the release
@@ -273,6 +284,7 @@ TEMPLATES: dict[str, str | Returning] = {
     "GRANT_BY_ID": GRANT_BY_ID,
     "GRANT_SAMPLED": GRANT_SAMPLED,
     "RELEASE": RELEASE,
+    "RELEASE_UNMARKED": RELEASE_UNMARKED,
     "TELL_TURNS_AFTER": TELL_TURNS_AFTER,
     "CLAIM_HANDED_BY_ID": CLAIM_HANDED_BY_ID,
     "CLAIM_HANDED": CLAIM_HANDED,
@@ -343,8 +355,15 @@ class PostgreSQLDialect(Dialect):
     #: Whether a release that told nobody of a marked row tells its turns again after its
     #: commit (TELL_TURNS_AFTER); off only for the negative control of tests/test_release_race.py.
     tells_again = True
+    #: Whether a release tries the plain statement first (RELEASE_UNMARKED); off only to
+    #: measure the saving (``cycle_cost``) and in tests.
+    releases_plainly = True
 
     def release_to_line(self, cursor: Any, *, pk: int, holder: str, fence: int) -> tuple[bool, int]:
+        if self.releases_plainly:
+            cursor.execute(self.sql["RELEASE_UNMARKED"], (pk, holder, fence))
+            if cursor.rowcount == 1:
+                return True, 0
         # Autocommit (``connections.run``): RELEASE has committed when the second statement
         # takes its snapshot.
         cursor.execute(self.sql["RELEASE"], (pk, pk, holder, fence))

@@ -107,6 +107,8 @@ class Request(Protocol):
     @property
     def target(self) -> str: ...
     @property
+    def retry_every(self) -> float: ...
+    @property
     def shared(self) -> bool: ...
     @property
     def make(self) -> Make[Any] | None: ...
@@ -134,6 +136,7 @@ class Waiting:
         self.priority = request.priority
         self.where = request.where
         self.target = request.target
+        self.retry_every = request.retry_every
         self.waker = waker
         self.place: Place | None = None
         self._listening = False
@@ -261,6 +264,7 @@ class Waiting:
         candidates: tuple[int, ...] = ()  # rows the last look saw free, for the try right after it
         look_at = 0.0  # look at once: the first attempt failed a moment ago
         try_now = False
+        tried_at = time.monotonic()
         while True:
             handed = self.waker.take_handed()
             mine = handed if handed is not None and handed[0] == place.id else None
@@ -277,6 +281,7 @@ class Waiting:
                 look_at = 0.0
             if try_now:
                 try_now = False
+                tried_at = time.monotonic()
                 stats.attempts += 1
                 place.attempting, result = True, None
                 try:
@@ -309,6 +314,9 @@ class Waiting:
                     # (those with a where= of their own may not want it): try, the statement
                     # decides (on the rows the look listed, where it lists them).
                     try_now, candidates = True, look.free_ids
+                    continue
+                if self.retry_every and look.ahead == 0 and now - tried_at >= self.retry_every:
+                    try_now = True  # what it waits for may no longer serve it: its try says
                     continue
             until = look_at if self.deadline is None else min(look_at, self.deadline)
             woken = yield Pause(until - now)

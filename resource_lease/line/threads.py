@@ -155,6 +155,10 @@ class Wait(Generic[T]):
     #: What the grant is for (``acquire(target=...)``): rows cooling down for it do not serve
     #: it. '' for none.
     target: str = ""
+    #: Seconds: a waiter first in its line tries its grant at least this often, whatever its
+    #: looks say (0: only when they say a row is free, or it is told). A session's wait for its
+    #: bound resource: a try finds out whether that resource can still serve it.
+    retry_every: float = 0.0
     #: A reader of an rwlock (``wait_in_line``'s ``shared``).
     shared: bool = False
     #: How the caller makes its grant of a row a release handed to its place in its own

@@ -10,6 +10,7 @@
 ``api``        ``ApiToken``, ``IdempotencyKey``: the HTTP API's (docs/http.md)
 ``policy``     ``PoolPolicy``, how a pool learns (``pool_policy``)
 ``cooldowns``  ``Cooldown``, a resource's cooldown for one target (``acquire(target=...)``)
+``sessions``   ``SessionBinding``, a sticky session's resource (``acquire(session=...)``)
 ``proxies``    the admin's proxies of ``Resource``: ``PoolOverview``, ``LockRow``,
                ``SemaphoreSlot``, ``RwLockRow``, ``ElectionRow``, ``GroupMember``, ``BarrierOverview``
 """
@@ -51,6 +52,7 @@ from resource_lease.models.resource import (
     state_annotations,
 )
 from resource_lease.models.resource import _never as _never  # migration 0001 names resource_lease.models._never
+from resource_lease.models.sessions import SessionBinding
 from resource_lease.models.topics import ConfigEntry, Topic
 
 __all__ = [
@@ -81,6 +83,7 @@ __all__ = [
     "ResourceQuerySet",
     "RwLockRow",
     "SemaphoreSlot",
+    "SessionBinding",
     "Topic",
     "Waiter",
     "expired_q",

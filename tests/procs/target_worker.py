@@ -1,11 +1,12 @@
-"""A caller of a pool with targets, for tests/test_targets.py.
+"""A caller of a pool with targets or sessions, for tests/test_targets.py and tests/test_sessions.py.
 
-    python -m tests.procs.target_worker wait --kind K --target T --timeout S [--hold H]
+    python -m tests.procs.target_worker wait --kind K (--target T | --session S) --timeout S [--hold H]
     python -m tests.procs.target_worker cycle --kind K --target T --seconds S --cooldown C [--no-cooldown]
 
 ``wait``: prints ``{"event": "ready"}``, then waits in line once for a resource of K not
-cooling down for T; prints ``granted`` (the resource, the grant's database clock and how long
-it waited) or ``refused``, holds H seconds and releases. ``cycle``: until S seconds have
+cooling down for T (or the one bound to the session S); prints ``granted`` (the resource, the
+grant's database clock, how long it waited, whether the session was rebound) or ``refused``,
+holds H seconds and releases. ``cycle``: until S seconds have
 passed, acquires a resource for T (waiting up to 10 s), reads the database's clock, and
 releases it with a cooldown of C seconds (``--no-cooldown``: the negative control, releases
 it plainly); then prints one ``history`` event: per grant, the resource, the grant's database
@@ -51,7 +52,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=("wait", "cycle"))
     parser.add_argument("--kind", required=True)
-    parser.add_argument("--target", required=True)
+    parser.add_argument("--target")
+    parser.add_argument("--session")
     parser.add_argument("--timeout", type=float, default=10.0)
     parser.add_argument("--hold", type=float, default=0.0)
     parser.add_argument("--seconds", type=float, default=3.0)
@@ -71,7 +73,7 @@ def main() -> None:
     if args.mode == "wait":
         started = time.monotonic()
         try:
-            lease = acquire(args.kind, target=args.target, ttl=30, timeout=args.timeout)
+            lease = acquire(args.kind, target=args.target, session=args.session, ttl=30, timeout=args.timeout)
         except NoResourceAvailable:
             print(json.dumps({"event": "refused", "waited": time.monotonic() - started}), flush=True)
             return
@@ -82,6 +84,7 @@ def main() -> None:
                     "resource": lease.resource.name,
                     "acquired_at": lease.resource.acquired_at.timestamp(),
                     "waited": time.monotonic() - started,
+                    "rebound": lease.rebound,
                 }
             ),
             flush=True,

@@ -1,7 +1,8 @@
 """``manage.py inspect_pool [--kind K] [--state S] [--where KEY=VALUE ...] [--json] [--watch [--interval S]]``
 
 Each resource's state (free, held, expired, quarantined, disabled) by the database's clock,
-its holder, fence and time left, its health (error score, backoff level: ``lease.report``), the counts per state of each kind, and who waits in each
+its holder, fence and time left, its health (error score, backoff level: ``lease.report``), its
+cooldowns per target and its live session bindings, the counts per state of each kind, and who waits in each
 kind's line (place, holder, priority, since when, where=). ``--where region=eu`` lists only
 the resources whose data holds that value (as ``acquire(where=...)`` compares it); the keys
 of ``DATA_KEYS`` and of ``--where`` are columns (``data`` in the JSON), never ``url``'s
@@ -20,6 +21,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from resource_lease import health, sessions, targets
 from resource_lease.conf import lease_settings
 from resource_lease.display import current_holder, format_duration, payload_url, quarantine_left, with_display_state
 from resource_lease.management.commands._arguments import (
@@ -104,6 +106,9 @@ class Command(LeaseCommand):
             help="seconds between refreshes with --watch (default 2)",
         )
 
+    cooldowns: dict[int, list[dict[str, Any]]]
+    bindings: dict[int, list[str]]
+
     def handle(
         self,
         *args: Any,
@@ -159,6 +164,10 @@ class Command(LeaseCommand):
             rows = rows.filter(state=state)  # type: ignore[misc]
         resources = [r for r in rows if where_matches(self.where, r.data)]
         lines = {k: line for k, line in waiting(kind, using=using).items() if k in per_kind}
+        pks = [r.pk for r in resources]
+        self.cooldowns = targets.live_cooldowns(pks, using)
+        idle = {k: health.policy_of(using, k).session_idle for k in per_kind}
+        self.bindings = sessions.live_bindings(pks, using, idle)
         if as_json:
             self._json(resources, per_kind, lines, using, compact=compact)
         else:
@@ -207,6 +216,11 @@ class Command(LeaseCommand):
                     "quarantine_reason": r.quarantine_reason or None,
                     "health_score": r.health_score,
                     "backoff_level": r.backoff_level,
+                    "cooldowns": [
+                        {"target": c["target"], "until": _iso(c["until"]), "left": _seconds(c["left"])}
+                        for c in self.cooldowns.get(r.pk, [])
+                    ],
+                    "sessions": self.bindings.get(r.pk, []),
                     "enabled": r.enabled,
                     "url": payload_url(r) or None,
                     **({"data": {key: _value(r, key) for key in self.keys}} if self.keys else {}),
@@ -238,6 +252,14 @@ class Command(LeaseCommand):
                 note = f"taken over from {r.previous_holder}"
             elif is_http_holder(current_holder(r)):
                 note = f"leased over HTTP (token {http_token_name(current_holder(r))})"
+            cooling = self.cooldowns.get(r.pk, [])
+            if cooling:
+                first = cooling[0]
+                more = f" (+{len(cooling) - 1} more)" if len(cooling) > 1 else ""
+                note += ("; " if note else "") + f"cooling for {first['target']} {format_duration(first['left'])}{more}"
+            bound = self.bindings.get(r.pk, [])
+            if bound:
+                note += ("; " if note else "") + f"sessions: {', '.join(bound[:3])}{'…' if len(bound) > 3 else ''}"
             shown = [_text(r, key) for key in self.keys]
             cells = (
                 r.kind,
