@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connection
 from scrapy.http import HtmlResponse, Response, TextResponse
 from scrapy.settings import Settings
 
@@ -24,6 +25,7 @@ from project.bench.crawl_site import Simulator
 from resource_lease.contrib.scrapy import LeasedProxyMiddleware, Verdicts, proxy_url, retry_after_seconds
 from resource_lease.models import Cooldown, Resource
 from resource_lease.pool import HELD, database_now, with_state
+from resource_lease.sessions import bind
 from tests.conftest import REPO, spawn
 
 KIND = "scrapy-test"
@@ -125,7 +127,36 @@ def test_a_crawl_goes_through_leased_proxies_reports_each_response_and_leaves_no
     # The cooldowns in the database: for exactly the pairs that were answered 403.
     assert _long_cooldowns() == set(banned_hits)
 
+    # Without sessions, each site's pages went through several proxies (the control of the
+    # session test below).
+    for site in simulator.sites:
+        assert len({p["proxy"] for p in pages if f"//{site}/" in p["url"]}) > 1
+
     # Nothing is left held.
+    assert _held() == 0
+
+
+def test_requests_of_one_session_go_through_the_sessions_proxy(simulator: Simulator, tmp_path: Path) -> None:
+    # 8 pages a site, each site's requests in a session of their own ("acct-<site>"); fewer than
+    # the site's 10 a minute, so only a ban moves a session to another proxy.
+    # site-0's session starts bound to a proxy site-0 bans: its first answer is a 403, and the
+    # session moves to another proxy for good.
+    first = simulator.banned["site-0.test"][0]
+    bind(connection.alias, KIND, "acct-site-0.test", Resource.objects.get(kind=KIND, name=f"proxy-{first}").pk)
+    crawl = _crawl(simulator, tmp_path, "--sessions", pages=8)
+    pages, answers = crawl["pages"], simulator.log()
+    assert next(a for a in answers if a[2] == "site-0.test")[1:] == (first, "site-0.test", 403)
+
+    assert len(pages) == 8 * SITES
+    for site in simulator.sites:
+        served = {p["proxy"] for p in pages if f"//{site}/" in p["url"]}
+        assert len(served) == 1, (site, served)  # every page of the session through one proxy
+        [proxy] = served
+        assert simulator.proxy_of(int(proxy.rsplit(":", 1)[1])) not in simulator.banned[site]
+    # A session bound first to a proxy its site bans was moved once, never back.
+    banned_hits = collections.Counter((proxy, site) for _, proxy, site, status in answers if status == 403)
+    assert all(n == 1 for n in banned_hits.values())
+    assert crawl["stats"].get("resource_lease/rebound", 0) == len(banned_hits)
     assert _held() == 0
 
 

@@ -9,7 +9,8 @@
 
 For each request: a proxy of the kind is leased with the request's host as its target
 (``acquire(kind, target=host, auto_renew=True)``: a proxy cooling down for that site is not
-granted, and the lease is renewed in the background however long the download takes); its
+granted, and the lease is renewed in the background however long the download takes; with
+``request.meta["resource_lease_session"]``, the session's proxy); its
 ``data["url"]`` becomes ``request.meta["proxy"]``; the response is reported
 (``lease.report``: a blocked status or a ban marker in the body is ``"blocked"`` with the
 ``Retry-After`` the site asked for, a network error ``"error"``, anything else ``"ok"``) and
@@ -57,6 +58,9 @@ LEASE_KEY = "resource_lease"
 NAME_KEY = "resource_lease_name"
 #: request.meta: the target to lease for, instead of the request's host.
 TARGET_KEY = "resource_lease_target"
+#: request.meta: the sticky session to lease for (``acquire(session=...)``): the same proxy
+#: for every request of that session while the binding lives (docs/learning.md#sessions).
+SESSION_KEY = "resource_lease_session"
 #: request.meta: False makes the middleware leave the request alone (no lease, no proxy).
 ENABLED_KEY = "resource_lease_enabled"
 #: request.meta: the proxy URL this middleware set, so a retry or redirect gets a lease anew.
@@ -268,13 +272,14 @@ class LeasedProxyMiddleware:
     def _in(self, pool: ThreadPool, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Deferred[T]:
         return deferToThreadPool(self._reactor, pool, fn, *args, **kwargs)
 
-    def _acquire(self, target: str) -> Lease:
+    def _acquire(self, target: str, session: str | None) -> Lease:
         from resource_lease.lease import acquire
         from resource_lease.models import TARGET_MAX
 
         lease = acquire(
             self.kind,
             target=target[:TARGET_MAX],  # a host name may be longer (253)
+            session=session,
             ttl=self.ttl,
             timeout=self.timeout,
             using=self.using,
@@ -329,8 +334,9 @@ class LeasedProxyMiddleware:
             request.meta.pop(_PROXY_SET, None)
             request.meta.pop("proxy", None)
         target = request.meta.get(TARGET_KEY) or urlparse_cached(request).hostname or ""
+        session = request.meta.get(SESSION_KEY)
         try:
-            lease = await maybe_deferred_to_future(self._in(self._acquiring, self._acquire, target))
+            lease = await maybe_deferred_to_future(self._in(self._acquiring, self._acquire, target, session))
         except NoResourceAvailable as exc:
             self._inc("resource_lease/no_proxy")
             return self._requeue(request, exc)
@@ -347,6 +353,8 @@ class LeasedProxyMiddleware:
         request.meta[NAME_KEY] = lease.resource.name
         request.meta["proxy"] = request.meta[_PROXY_SET] = url
         self._inc("resource_lease/leased")
+        if lease.rebound:
+            self._inc("resource_lease/rebound")
         return None
 
     async def process_response(self, request: Request, response: Response, spider: Any = None) -> Response:

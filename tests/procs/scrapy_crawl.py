@@ -1,7 +1,7 @@
 """A real Scrapy crawl through ``LeasedProxyMiddleware`` (tests/test_scrapy.py).
 
     python -m tests.procs.scrapy_crawl --kind K --sites site-0.test,site-1.test --pages 12 --out FILE
-        [--no-report] [--reactor asyncio|default] [--delay S --ttl S]
+        [--no-report] [--reactor asyncio|default] [--delay S --ttl S] [--sessions]
 
 Fetches ``http://<site>/p/<i>`` for every site and page through proxies leased from K, retrying
 403 and 429 (each retry leases anew). Writes one JSON document to ``--out``: the pages fetched
@@ -27,6 +27,7 @@ def main() -> None:
     parser.add_argument("--reactor", choices=["asyncio", "default"], default="asyncio")
     parser.add_argument("--delay", type=float, default=0.0, help="each page answered after this many seconds")
     parser.add_argument("--ttl", type=float, default=60.0)
+    parser.add_argument("--sessions", action="store_true", help="each site's requests in the session 'acct-<site>'")
     args = parser.parse_args()
     setup()
 
@@ -42,10 +43,28 @@ def main() -> None:
         name = "pages"
 
         async def start(self) -> Any:
-            for url in urls:
-                yield scrapy.Request(url, callback=self.parse)
+            if not args.sessions:
+                for url in urls:
+                    yield scrapy.Request(url, callback=self.parse)
+                return
+            # A session per site: its first page alone (as a log-in would be), the rest once
+            # it is answered, so the session is bound before its pages run at once.
+            for site in args.sites.split(","):
+                yield scrapy.Request(
+                    self.url(site, 0), callback=self.parse, meta={"resource_lease_session": f"acct-{site}"}
+                )
 
-        def parse(self, response: scrapy.http.Response) -> None:
+        def url(self, site: str, page: int) -> str:
+            return f"http://{site}/p/{page}{query}"
+
+        def parse(self, response: scrapy.http.Response) -> Any:
+            session = response.meta.get("resource_lease_session")
+            if session is not None and response.url.split("?")[0].endswith("/p/0"):
+                site = session.removeprefix("acct-")
+                for page in range(1, args.pages):
+                    yield scrapy.Request(
+                        self.url(site, page), callback=self.parse, meta={"resource_lease_session": session}
+                    )
             pages.append(
                 {
                     "url": response.url,
