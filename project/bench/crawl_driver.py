@@ -37,6 +37,9 @@ from typing import Any
 BAN_COOLDOWN = 600.0
 #: Seconds a crawler waits in line for a proxy for its site before trying another site.
 ACQUIRE_TIMEOUT = 1.0
+#: With --acquire-timeout 0: seconds to pause after as many refused attempts in a row as there
+#: are sites.
+IDLE = 0.05
 #: Seconds an HTTP request may take.
 HTTP_TIMEOUT = 5.0
 
@@ -138,7 +141,7 @@ def crawl(args: argparse.Namespace) -> dict[str, Any]:
     if args.mode != "peer":
         from resource_lease.exceptions import LeaseLost, NoResourceAvailable
         from resource_lease.lease import acquire
-    page = 0
+    page = refused = 0
 
     def count(status: int) -> None:
         counts["requests"] += 1
@@ -166,13 +169,17 @@ def crawl(args: argparse.Namespace) -> dict[str, Any]:
         started = time.monotonic()
         try:
             if args.mode == "pool":
-                lease = acquire(args.kind, target=site, ttl=30, timeout=ACQUIRE_TIMEOUT)
+                lease = acquire(args.kind, target=site, ttl=30, timeout=args.acquire_timeout)
             else:
-                lease = acquire(args.kind, ttl=30, timeout=ACQUIRE_TIMEOUT)
+                lease = acquire(args.kind, ttl=30, timeout=args.acquire_timeout)
         except NoResourceAvailable:
             counts["no_proxy"] += 1
+            refused += 1
+            if args.acquire_timeout == 0 and refused % len(sites) == 0:
+                time.sleep(IDLE)  # one attempt per site: none had a proxy just now
             counts["acquire_seconds"] += time.monotonic() - started
             continue
+        refused = 0
         counts["acquire_seconds"] += time.monotonic() - started
         status, retry_after = fetch(lease.resource.data["url"], site, page)
         count(status)
@@ -201,6 +208,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kind")
     parser.add_argument("--proxies", default="")
+    parser.add_argument(
+        "--acquire-timeout",
+        type=float,
+        default=ACQUIRE_TIMEOUT,
+        help="seconds to wait in line for a proxy for the site; 0: one attempt, then the next site",
+    )
     args = parser.parse_args()
     random.seed(args.seed)
     if args.mode != "peer":
