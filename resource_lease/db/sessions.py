@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from resource_lease.db import health
-from resource_lease.models import Cooldown, Resource, SessionBinding
+from resource_lease.db import cooldowns
+from resource_lease.models import SessionBinding
 
 if TYPE_CHECKING:
     from resource_lease.db.base import Dialect
@@ -41,15 +41,7 @@ def templates(vendor: str) -> dict[str, str]:
 
 
 def pieces(dialect: Dialect) -> dict[str, str]:
-    """What these templates leave open, for ``dialect``'s vendor and tables."""
+    """What these templates leave open, for ``dialect``'s vendor and tables: the cooldowns'
+    pieces (``db/cooldowns.py``) and the bindings' table."""
     qn = dialect.connection.ops.quote_name
-    shared = health.pieces(dialect)
-    return {
-        "table": qn(Resource._meta.db_table),
-        "cooldowns": qn(Cooldown._meta.db_table),
-        "bindings": qn(SessionBinding._meta.db_table),
-        "now": dialect.now_sql,
-        "plus_open": shared["plus_open"],
-        "plus_close": shared["plus_close"],
-        "named": dialect.named_placeholder,
-    }
+    return {**cooldowns.pieces(dialect), "bindings": qn(SessionBinding._meta.db_table)}
