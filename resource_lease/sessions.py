@@ -2,8 +2,8 @@
 session while the binding lives (``session_idle`` seconds, the kind's policy, since its last
 grant, by the database's clock).
 
-The binding is a row of ``models.SessionBinding`` (kind, session, resource, last_used). A
-session's call reads it first (``bound``): a live binding to a resource that can serve the call
+The binding is a row of ``models.SessionBinding`` (kind, session, resource, last_used), read
+and written by the statements of ``db/sessions.py``. A session's call reads it first (``bound``): a live binding to a resource that can serve the call
 (enabled, not quarantined, matching its ``where=``, not cooling down for its target) makes the
 call wait for that resource in the resource's own line (the line of the row's name, which a
 release of the row tells first and, on PostgreSQL, hands to first); any other case is an
@@ -11,7 +11,7 @@ ordinary grant from the pool, which then binds the session to what it got (``bin
 ``lease.rebound`` says whether a live binding moved. A bound resource that stops serving the
 session while it waits (quarantined by its holder, say) is replaced at the waiter's next try.
 Two callers binding one new session at the same moment each get a resource; the later binding
-stands (docs/learning.md#sessions).
+stands (an upsert; docs/learning.md#sessions).
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, transaction
-
 from resource_lease.db.clock import DbNow
-from resource_lease.models import Cooldown, SessionBinding
+from resource_lease.db.operations import ops
+from resource_lease.models import SessionBinding
 from resource_lease.validation import where_matches
 
 
@@ -41,32 +40,19 @@ class Bound:
 
 def bound(alias: str, kind: str, session: str, *, idle: float, where: Any, target: str | None) -> Bound:
     """The live binding of ``session`` in ``kind``, judged for a call with ``where`` and
-    ``target`` (one read, with the database's clock; a cooldown, a second one)."""
-    row = (
-        SessionBinding.objects.using(alias)
-        .select_related("resource")
-        .annotate(now=DbNow())
-        .filter(kind=kind, session=session)
-        .first()
-    )
-    if row is None:
+    ``target`` (one read, by the database's clock: ``db/sessions.py``'s BINDING_READ)."""
+    found = ops(alias).read_binding(kind=kind, session=session, idle=idle, target=target)
+    if found is None:
         return Bound()
-    now: dt.datetime = row.now  # type: ignore[attr-defined]
-    if row.last_used <= now - dt.timedelta(seconds=idle):
-        return Bound()
-    resource = row.resource
-    if resource is None:
-        return Bound(existed=True)
+    if not found.resource:
+        return Bound(existed=True)  # its resource was deleted
     usable = (
-        resource.enabled
-        and (resource.quarantined_until is None or resource.quarantined_until <= now)
-        and where_matches(where, resource.data)
-        and not (
-            target is not None
-            and Cooldown.objects.using(alias).filter(resource_id=resource.pk, target=target, until__gt=now).exists()
-        )
+        found.enabled
+        and (found.quarantined_until is None or found.quarantined_until <= found.now)
+        and where_matches(where, found.data)
+        and found.cooled_until is None
     )
-    return Bound(resource.pk, resource.name, bool(usable), True)
+    return Bound(found.resource, found.name, usable, True)
 
 
 def still_usable(alias: str, kind: str, session: str, pk: int, *, where: Any, target: str | None) -> bool:
@@ -78,14 +64,7 @@ def still_usable(alias: str, kind: str, session: str, pk: int, *, where: Any, ta
 
 def bind(alias: str, kind: str, session: str, pk: int) -> None:
     """Bind ``session`` to the resource ``pk`` now (a new binding, or the old one moved)."""
-    bindings = SessionBinding.objects.using(alias).filter(kind=kind, session=session)
-    if bindings.update(resource_id=pk, last_used=DbNow()):
-        return
-    try:
-        with transaction.atomic(using=alias):
-            SessionBinding.objects.using(alias).create(kind=kind, session=session, resource_id=pk, last_used=DbNow())
-    except IntegrityError:  # bound by another caller at the same moment: ours stands
-        bindings.update(resource_id=pk, last_used=DbNow())
+    ops(alias).bind(kind=kind, session=session, pk=pk)
 
 
 def live_bindings(pks: list[int], using: str, idle: dict[str, float]) -> dict[int, list[str]]:

@@ -38,7 +38,11 @@ def start(spawn_worker: Any, *args: str) -> subprocess.Popen[str]:
 
 
 def answer(proc: subprocess.Popen[str]) -> dict[str, Any]:
-    out, _ = proc.communicate(timeout=60)
+    # Not communicate(timeout=...): it reads the pipe itself, past what readline() has
+    # already buffered (the "ready" line's read may have taken this one too).
+    proc.wait(timeout=60)
+    assert proc.stdout is not None
+    out = proc.stdout.read()
     return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 

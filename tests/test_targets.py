@@ -159,7 +159,11 @@ def waiter(spawn_worker: Callable[..., subprocess.Popen[str]]) -> Iterator[Calla
 
 
 def answer(proc: subprocess.Popen[str], timeout: float = 60) -> dict[str, Any]:
-    out, _ = proc.communicate(timeout=timeout)
+    # Not communicate(timeout=...): it reads the pipe itself, past what readline() has
+    # already buffered (the "ready" line's read may have taken this one too).
+    proc.wait(timeout=timeout)
+    assert proc.stdout is not None
+    out = proc.stdout.read()
     return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 

@@ -4,8 +4,10 @@
 
 On the database of ``DATABASE_URL`` (migrated first), with 8 resources of kind ``cost`` and a
 policy whose threshold is never reached: the mean wall time of N acquire+release cycles, then
-of N ``report("ok")`` and N ``report("error")`` on one held lease, one process, no contention.
-Prints one line. A measured figure, not an assertion.
+of N ``report("ok")`` and N ``report("error")`` on one held lease, then N cycles with a target
+(``acquire(target=...)``: the scan with its cooldown test), N with a target and a cooldown on
+release (one more fenced upsert), and N with a session (the binding read before, written
+after), one process, no contention. Prints one line. A measured figure, not an assertion.
 """
 
 from __future__ import annotations
@@ -46,11 +48,15 @@ def main() -> None:
     ok = mean_us(lambda: lease.report("ok"), n)
     error = mean_us(lambda: lease.report("error"), n)
     lease.release()
+    targeted = mean_us(lambda: acquire("cost", target="site.example", ttl=30).release(), n)
+    cooled = mean_us(lambda: acquire("cost", target="site.example", ttl=30).release(cooldown=0.001), n)
+    sticky = mean_us(lambda: acquire("cost", session="acct", ttl=30).release(), n)
     Resource.objects.filter(kind="cost").delete()
     vendor = django.db.connection.vendor
     sys.stdout.write(
-        f"{vendor}: acquire+release {cycle:.0f} us, report('ok') {ok:.0f} us, report('error') {error:.0f} us"
-        f" (mean of {n})\n"
+        f"{vendor}: acquire+release {cycle:.0f} us, report('ok') {ok:.0f} us, report('error') {error:.0f} us,"
+        f" with a target {targeted:.0f} us, with a target and release(cooldown=) {cooled:.0f} us,"
+        f" with a session {sticky:.0f} us (mean of {n})\n"
     )
 
 

@@ -21,6 +21,7 @@ from resource_lease.db import cooldowns as cooldown_sql
 from resource_lease.db import counters as counter_sql
 from resource_lease.db import dispenser as item_sql
 from resource_lease.db import health as health_sql
+from resource_lease.db import sessions as session_sql
 from resource_lease.db import statements
 from resource_lease.db import terms as term_sql
 from resource_lease.db import topics as topic_sql
@@ -135,6 +136,7 @@ class Dialect(GrantStatements):
         self.sql.update(statements.render(self.term_templates, term_sql.pieces(self)))
         self.sql.update(statements.render(health_sql.TEMPLATES, health_sql.pieces(self), self.returning_template))
         self.sql.update(statements.render(cooldown_sql.templates(self.vendor), cooldown_sql.pieces(self)))
+        self.sql.update(statements.render(session_sql.templates(self.vendor), session_sql.pieces(self)))
         # The conditions and the SET list on their own (tests, tests/procs).
         self.ours = self.sql["OURS"]
         self.free = self.sql["FREE"]

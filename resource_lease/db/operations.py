@@ -29,6 +29,7 @@ from resource_lease.db.health_operations import HealthOperations
 from resource_lease.db.item_operations import Claimed, ItemOperations
 from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.db.line_operations import LineOperations
+from resource_lease.db.session_operations import SessionOperations
 from resource_lease.db.term_operations import TermOperations
 from resource_lease.exceptions import OutcomeUnknown
 
@@ -40,12 +41,15 @@ T = TypeVar("T")
 Grant = Callable[[Dialect, Any, str], "Row | None"]
 
 
-class Operations(ItemOperations, LineOperations, TermOperations, HealthOperations, CooldownOperations):
+class Operations(
+    ItemOperations, LineOperations, TermOperations, HealthOperations, CooldownOperations, SessionOperations
+):
     """The named operations on ``alias`` (see the module's docstring); the dispenser's are
     ``ItemOperations``' (``db/item_operations.py``), the line of waiters' ``LineOperations``'
     (``db/line_operations.py``), the leadership log's ``TermOperations``'
     (``db/term_operations.py``), shared health's ``HealthOperations``' (``db/health_operations.py``), targets' cooldowns'
-    ``CooldownOperations``' (``db/cooldown_operations.py``)."""
+    ``CooldownOperations``' (``db/cooldown_operations.py``), sticky sessions' ``SessionOperations``'
+    (``db/session_operations.py``)."""
 
     def __init__(self, alias: str) -> None:
         self.alias = alias
