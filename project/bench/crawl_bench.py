@@ -48,7 +48,7 @@ RATE, PER = 10, 60.0
 SEED = 1
 
 
-def _crawlers(mode: str, n: int, *, env: dict[str, str], duration: float, **options: str) -> list[dict[str, Any]]:
+def run_crawlers(mode: str, n: int, *, env: dict[str, str], duration: float, **options: str) -> list[dict[str, Any]]:
     """n crawler processes, started together once all are ready; their results."""
     with tempfile.TemporaryDirectory(prefix="lease-bench-crawl-") as tmp:
         go = Path(tmp) / "go"
@@ -86,7 +86,7 @@ def _crawlers(mode: str, n: int, *, env: dict[str, str], duration: float, **opti
     return results
 
 
-def _figures(results: list[dict[str, Any]], duration: float, answers: int) -> dict[str, Any]:
+def figures_of(results: list[dict[str, Any]], duration: float, answers: int) -> dict[str, Any]:
     total = {key: sum(r[key] for r in results) for key in results[0]}
     requests = total["requests"]
     wasted = total["forbidden"] + total["too_many"] + total["errors"]
@@ -149,11 +149,11 @@ def crawl(ctx: Context) -> dict[str, Any]:
                     options = {"sites": sites, "kind": kind, "proxies": ",".join(sim.proxy_urls)}
                     ctx.settle()
                     started = time.monotonic()
-                    outcome = _crawlers(mode, plan.crawl_crawlers, env=env, duration=plan.crawl_duration, **options)
+                    outcome = run_crawlers(mode, plan.crawl_crawlers, env=env, duration=plan.crawl_duration, **options)
                     ctx.say(f"  crawl {mode}: {time.monotonic() - started:.1f}s")
                 finally:
                     sim.stop()
-                results[mode] = _figures(outcome, plan.crawl_duration, len(sim.log()))
+                results[mode] = figures_of(outcome, plan.crawl_duration, len(sim.log()))
                 # The most 200s the sites give in the window: each (proxy, site) pair not
                 # banned, RATE answers per started window of PER seconds.
                 pairs = sum(plan.crawl_proxies - len(banned) for banned in sim.banned.values())
