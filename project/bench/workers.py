@@ -243,11 +243,13 @@ class RenewTask(Task):
             renew = Lease.renew
 
             def timed(lease: Lease, ttl: float | None = None) -> Any:
+                # Only renewals that succeeded: one refused before any statement (its local
+                # deadline passed while the machine was loaded) is a lost lease, not a renewal
+                # (19 "renewals" for 12 statements, once in CI).
                 t0 = time.monotonic()
-                try:
-                    return renew(lease, ttl)
-                finally:
-                    RenewTask.renewals.append((id(lease), t0, time.monotonic() - t0))
+                expiry = renew(lease, ttl)
+                RenewTask.renewals.append((id(lease), t0, time.monotonic() - t0))
+                return expiry
 
             timed._timed = True  # type: ignore[attr-defined]
             Lease.renew = timed  # type: ignore[method-assign,assignment]
