@@ -74,6 +74,21 @@ def worker_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_demo(command: str, *args: str) -> str:
+    """Run ``manage.py <command> <args>`` (a demo of the main job) on the test database; its
+    output, after checking it exited 0 (the demos check their own claims and fail otherwise)."""
+    proc = subprocess.run(
+        [sys.executable, "manage.py", command, *args],
+        cwd=REPO,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
 def spawn(module: str, *args: str, env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen[str]:
     """Start ``python -m <module> <args>`` on the test database."""
     return subprocess.Popen(

@@ -6,27 +6,16 @@ and fails with a CommandError otherwise)."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import REPO, worker_env
+from tests.conftest import run_demo
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_the_waiting_demo_serves_in_line_keeps_writes_apart_and_loses_no_update() -> None:
-    proc = subprocess.run(
-        [sys.executable, "manage.py", "demo_waiting", "--workers", "3", "--pool", "1", "--seconds", "1"],
-        cwd=REPO,
-        env=worker_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    out = proc.stdout
-    assert proc.returncode == 0, out + proc.stderr
+    out = run_demo("demo_waiting", "--workers", "3", "--pool", "1", "--seconds", "1")
     assert "a GPU held by two processes at once: 0 times" in out
     assert "turns overlapping a write: 0;" in out
     assert re.search(r"added 1, 100 times each, all at once: 300 \(expected 300\)", out), out
