@@ -37,7 +37,7 @@ from resource_lease.conf import lease_settings
 from resource_lease.db import dialect_class
 from resource_lease.db.base import Dialect, Failure
 from resource_lease.db.picking import Picker
-from resource_lease.exceptions import DatabaseUnavailable, LeaseDatabaseError, SyncCallFromAsync
+from resource_lease.exceptions import DatabaseUnavailable, LeaseDatabaseError, OutcomeUnknown, SyncCallFromAsync
 from resource_lease.forking import at_fork, fork_gate
 
 logger = logging.getLogger("resource_lease")
@@ -347,6 +347,18 @@ def database_errors(alias: str, what: str) -> Iterator[None]:
         yield
     except DjangoDatabaseError as exc:
         raise database_error(alias, what, exc) from exc
+
+
+def run_once(alias: str, statement: Callable[[Dialect, Any], T], *, what: str) -> T:
+    """``run`` for a write that must not be repeated blindly and has no token to settle it
+    by: a lost answer is ``OutcomeUnknown`` (docs/pitfalls.md#unknown-outcome)."""
+    try:
+        return run(alias, statement, what=what)
+    except Disconnected as exc:
+        raise OutcomeUnknown(
+            f"{what}: the connection to {alias!r} was lost during the statement; it may or may not have"
+            f" been applied: {exc}"
+        ) from exc.cause
 
 
 def run_repeatable(alias: str, statement: Callable[[Dialect, Any], T], *, what: str) -> T:

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from resource_lease.db.base import Dialect
-from resource_lease.db.connections import Disconnected, run, run_repeatable
-from resource_lease.exceptions import OutcomeUnknown
+from resource_lease.db.connections import run_once, run_repeatable
 
 
 @dataclass(frozen=True)
@@ -40,16 +39,6 @@ def _returned(d: Dialect, c: Any, sql: str, params: dict[str, Any]) -> Health | 
     return Health(float(score), int(level), None if until is None else d.to_datetime(until))
 
 
-def _once(alias: str, statement: Any, *, what: str) -> Any:
-    try:
-        return run(alias, statement, what=what)
-    except Disconnected as exc:
-        raise OutcomeUnknown(
-            f"{what}: the connection to {alias!r} was lost during the statement; it may or may not have"
-            f" been applied: {exc}"
-        ) from exc.cause
-
-
 class HealthOperations:
     alias: str
 
@@ -61,7 +50,7 @@ class HealthOperations:
         (nothing changed)."""
         params = {"pk": pk, "holder": holder, "fence": fence, "probation": int(probation), "level": level}
         params["decay"] = decay
-        return _once(  # type: ignore[no-any-return]
+        return run_once(
             self.alias, lambda d, c: _returned(d, c, d.sql["REPORT_OK"], params), what="lease.report('ok')"
         )
 
@@ -98,7 +87,7 @@ class HealthOperations:
             "reason": reason,
             "hold_reason": hold_reason,
         }
-        return _once(  # type: ignore[no-any-return]
+        return run_once(
             self.alias,
             lambda d, c: _returned(d, c, d.sql["REPORT_FAILURE"], params),
             what=f"lease.report({outcome!r})",

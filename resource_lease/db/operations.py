@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from resource_lease.db.base import Dialect, Row, some_kinds
-from resource_lease.db.connections import Disconnected, LockWaitTimeout, lease_connection, run, run_repeatable
+from resource_lease.db.connections import Disconnected, LockWaitTimeout, lease_connection, run, run_once, run_repeatable
 from resource_lease.db.cooldown_operations import CooldownOperations
 from resource_lease.db.health_operations import HealthOperations
 from resource_lease.db.item_operations import Claimed, ItemOperations
@@ -31,7 +31,6 @@ from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.db.line_operations import LineOperations
 from resource_lease.db.session_operations import SessionOperations
 from resource_lease.db.term_operations import TermOperations
-from resource_lease.exceptions import OutcomeUnknown
 
 logger = logging.getLogger("resource_lease")
 
@@ -281,7 +280,7 @@ class Operations(
         success)."""
         params = {"namespace": namespace, "key": key, "version": version, "value": value, "channel": channel}
         what = f"Config({namespace!r}).compare_and_set({key!r})"
-        return _once(self.alias, lambda d, c: d.run_conditional(c, d.sql["CONFIG_CAS"], params), what=what)
+        return run_once(self.alias, lambda d, c: d.run_conditional(c, d.sql["CONFIG_CAS"], params), what=what)
 
     def read_config(self, namespace: str) -> list[tuple[str, str | None, int]]:
         """``(key, value JSON text or None, version)`` of every stored key of ``namespace``."""
@@ -299,7 +298,7 @@ class Operations(
         would leave BIGINT (nothing changed). Never repeated: a lost answer raises
         ``OutcomeUnknown``."""
         params = {"name": name, "n": n}
-        return _once(
+        return run_once(
             self.alias, lambda d, c: d.run_add(c, d.sql["COUNTER_ADD"], params), what=f"counter({name!r}).add({n})"
         )
 
@@ -312,18 +311,6 @@ class Operations(
             return int(rows[0][0]) if rows else 0
 
         return run_repeatable(self.alias, read, what=f"counter({name!r}).value()")
-
-
-def _once(alias: str, statement: Callable[[Dialect, Any], T], *, what: str) -> T:
-    """``run`` for a write that must not be repeated blindly and has no token to settle it
-    by: a lost answer is ``OutcomeUnknown`` (docs/pitfalls.md#unknown-outcome)."""
-    try:
-        return run(alias, statement, what=what)
-    except Disconnected as exc:
-        raise OutcomeUnknown(
-            f"{what}: the connection to {alias!r} was lost during the statement; it may or may not have"
-            f" been applied: {exc}"
-        ) from exc.cause
 
 
 def _types(d: Dialect, c: Any, namespace: str) -> dict[str, str]:
