@@ -50,9 +50,7 @@ class HealthOperations:
         (nothing changed)."""
         params = {"pk": pk, "holder": holder, "fence": fence, "probation": int(probation), "level": level}
         params["decay"] = decay
-        return run_once(
-            self.alias, lambda d, c: _returned(d, c, d.sql["REPORT_OK"], params), what="lease.report('ok')"
-        )
+        return run_once(self.alias, lambda d, c: _returned(d, c, d.sql["REPORT_OK"], params), what="lease.report('ok')")
 
     def report_failure(
         self,
