@@ -227,6 +227,10 @@ class Lease:
         #: cooldown its release sets for it unless told otherwise (``targets``).
         self.target: str | None = None
         self.default_cooldown = 0.0
+        #: When its grant was sent (this machine's monotonic clock), and what counting the grant
+        #: for the policy's ``target_rate`` stored (grant times, n, per; None: not counted).
+        self.sent_at = sent_at
+        self.counted: tuple[list[float], int, float] | None = None
         #: The sticky session the grant is for (``acquire(session=...)``), and whether its
         #: binding moved to this resource (``sessions``).
         self.session: str | None = None
@@ -338,11 +342,11 @@ class Lease:
             return False  # a forked child never releases its parent's lease
         refuse_on_event_loop("release")  # before anything changes here
         seconds = targets.release_cooldown(self, cooldown)
-        if seconds > 0 and not self._released:
+        if (seconds > 0 or self.counted is not None) and not self._released:
             # Before the release (a grant for the target right after it must see it), and
             # before anything changes here: a database error leaves the lease as it was.
             try:
-                targets.cool(self, seconds)
+                targets.used(self, seconds)
             except LeaseLost:
                 pass  # no longer ours: nothing to cool down, and the release below finds it so
         with self._lock:

@@ -10,13 +10,16 @@ release tells it). Cooldowns are rows of ``models.Cooldown``, written by a fence
 ``lease.report("blocked", retry_after=s)``, and each targeted grant when the kind's policy
 caps grants per target (``target_rate=(n, per)``: the times of the last n grants are kept,
 and after the n-th the resource cools down until the oldest of them is ``per`` seconds old,
-so no ``per`` seconds hold more than n grants). Other targets are unaffected
-(docs/learning.md#targets).
+so no ``per`` seconds hold more than n grants). A release moves its grant's time to the
+release (``used``), so the window counts each use from its end: a site that counts the
+request the holder sent some time after its grant sees no more than n in its own window
+either. Other targets are unaffected (docs/learning.md#targets).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 from django.db.models import DurationField, ExpressionWrapper, F
@@ -55,6 +58,32 @@ def count(lease: Any, n: int, per: float) -> None:
     key = {"pk": lease.resource.pk, "holder": lease.holder, "fence": lease.fence}
     if not engine.count_grant(**key, target=lease.target, recent=recent, seconds=max(seconds, 0.0)):
         lease.mark_lost("counting its grant for the policy's target_rate found the lease expired or taken")
+        return
+    lease.counted = (recent, n, per)
+
+
+def used(lease: Any, cooldown: float) -> None:
+    """Before ``lease`` is released: cool its resource down for its target for ``cooldown``
+    seconds (0: none) and, if its grant was counted for ``target_rate``, move the grant's time
+    to now, so the window counts the use from its end (the holder's request went out between
+    the grant and now; a site counts it when it arrives). One fenced write, none if there is
+    nothing to write; a lease no longer held writes nothing (``LeaseLost``).
+
+    Now is the database's clock at the grant plus this machine's seconds since the grant was
+    sent: never earlier than the database's now (the grant ran after it was sent), so the
+    window ends no earlier than the use."""
+    if lease.counted is None:
+        if cooldown > 0:
+            cool(lease, cooldown)
+        return
+    recent, n, per = lease.counted
+    now = lease.resource.acquired_at.timestamp() + (time.monotonic() - lease.sent_at)
+    recent = [*recent[:-1], max(recent[-1], now)]
+    window = recent[0] + per - now if len(recent) >= n else 0.0
+    key = {"pk": lease.resource.pk, "holder": lease.holder, "fence": lease.fence}
+    if not ops(lease.using).count_grant(**key, target=lease.target, recent=recent, seconds=max(window, cooldown, 0.0)):
+        lease.mark_lost("a release's cooldown found the lease expired or taken: nothing recorded")
+        raise LeaseLost(f"{lease!r}: {lease.lost_reason}")
 
 
 def release_cooldown(lease: Any, cooldown: float | None) -> float:

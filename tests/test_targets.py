@@ -12,6 +12,8 @@ database, with real processes where the line of waiters is involved:
   every waiter ahead, and on PostgreSQL a release that tells the first waiter whatever its
   target);
 - target_rate=(n, per): at most n grants of one resource for one target in any per seconds;
+  a release moves its grant's time to the release, so the window counts each use from its end
+  (negative control: a release that keeps the grant's time ends the window before it);
 - four processes cycling one target with a cooldown never get a resource back before its
   cooldown ends (negative control: the same without the cooldown shows such grants);
 - bad input is a ValueError naming it, with nothing written.
@@ -19,6 +21,7 @@ database, with real processes where the line of waiters is involved:
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import subprocess
@@ -254,6 +257,31 @@ def test_target_rate_caps_grants_per_resource_per_target_in_any_window(make_pool
     pool_policy("proxy", target_rate=None)
     for _ in range(3):
         acquire("proxy", target="free.example", timeout=0).release()
+
+
+@pytest.mark.parametrize("variant", ["engine", "negative-control"])
+def test_target_rate_counts_a_use_from_its_release(make_pool, variant: str) -> None:
+    """A site counts the request when it arrives, after the grant: the window of the policy's
+    target_rate must end ``per`` seconds after the use ended (the release), not after the
+    grant, or the next grant's request reaches the site inside its window (429)."""
+    make_pool("proxy", 1)
+    pool_policy("proxy", target_rate=(1, 60))
+    lease = acquire("proxy", target="api.example", ttl=30)
+    granted_until = cooldown_of(lease).until
+    # Counted at the grant: ``per`` seconds from it (the count's statement runs just after it).
+    assert 60 <= (granted_until - lease.resource.acquired_at).total_seconds() < 60.4
+    if variant == "negative-control":
+        lease.counted = None  # a release that keeps the grant's time
+    time.sleep(0.5)  # the holder's request goes out
+    released_at = database_now()
+    assert lease.release()
+    until = cooldown_of(lease).until
+    if variant == "engine":
+        assert until >= released_at + dt.timedelta(seconds=60), (until, released_at)
+    else:
+        assert until == granted_until < released_at + dt.timedelta(seconds=60)
+    with pytest.raises(NoResourceAvailable):
+        acquire("proxy", target="api.example", timeout=0)
 
 
 @pytest.mark.parametrize("variant", ["engine", "negative-control"])

@@ -151,9 +151,14 @@ def crawl(ctx: Context) -> dict[str, Any]:
                     started = time.monotonic()
                     outcome = run_crawlers(mode, plan.crawl_crawlers, env=env, duration=plan.crawl_duration, **options)
                     ctx.say(f"  crawl {mode}: {time.monotonic() - started:.1f}s")
+                    # Proxies the pool's health quarantined at least once (their backoff level
+                    # after the run): each is a proxy off every site for its backoff.
+                    levels = Resource.objects.using(alias).filter(kind=kind).values_list("backoff_level", flat=True)
                 finally:
                     sim.stop()
                 results[mode] = figures_of(outcome, plan.crawl_duration, len(sim.log()))
+                if mode == "pool":
+                    results[mode]["quarantined_proxies"] = sum(1 for level in levels if level)
                 # The most 200s the sites give in the window: each (proxy, site) pair not
                 # banned, RATE answers per started window of PER seconds.
                 pairs = sum(plan.crawl_proxies - len(banned) for banned in sim.banned.values())
