@@ -148,6 +148,12 @@ def crawl(args: argparse.Namespace) -> dict[str, Any]:
         key = {200: "ok", 403: "forbidden", 429: "too_many", 0: "errors"}.get(status, "other")
         counts[key] += 1
 
+    if args.mode != "peer":
+        # Connected before the start, as a crawler that has been running is: the first grant
+        # is not also the first connection (the peer's first request has none to make).
+        from resource_lease.db.connections import lease_connection
+
+        lease_connection().ensure()
     go = Path(args.go)
     sys.stderr.write("ready\n")
     sys.stderr.flush()
