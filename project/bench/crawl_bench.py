@@ -229,6 +229,7 @@ def plot(doc: dict[str, Any], path: Path) -> Path:
         top.set_ylabel("useful responses per second", fontsize=9)
         if db["result"].get("ceiling_useful_per_s"):
             top.axhline(db["result"]["ceiling_useful_per_s"], color="black", linestyle="--", linewidth=1)
+            top.set_ylim(0, 1.2 * db["result"]["ceiling_useful_per_s"])  # room above the line for its label
             top.text(0.01, 0.97, "dashed: the most the sites give", transform=top.transAxes, va="top", fontsize=8)
         top.set_title(db["label"])
         bottom.bar(xs, [100 * (results[m]["wasted_share"] or 0) for m in modes], color=[colors[m] for m in modes])
