@@ -78,6 +78,24 @@ def test_a_cooldown_keeps_a_resource_from_its_target_only(make_pool) -> None:
     assert Cooldown.objects.get(target="news.example").until == later
 
 
+def test_a_targeted_grant_probes_the_sample_and_a_probe_respects_the_cooldown(make_pool) -> None:
+    """A grant for a target probes the thread's sample of free rows (one statement by primary
+    key, with the cooldown test in it) before any scan; a row cooling down for that target is
+    a miss for it alone: it stays in the sample, and another target's probe takes it."""
+    make_pool("proxy", 1)
+    acquire("proxy", target="shop.example", ttl=30).release(cooldown=30)
+    picker = lease_connection().picker
+    probes, hits = picker.probes, picker.probe_hits
+    with pytest.raises(NoResourceAvailable):
+        acquire("proxy", target="shop.example", timeout=0)
+    assert picker.probes > probes and picker.probe_hits == hits  # probed, and refused by the cooldown
+    assert [row[0] for row in picker.kinds["proxy"].rows] != []  # still in the sample for others
+    probes = picker.probes
+    other = acquire("proxy", target="news.example", timeout=0)
+    assert (picker.probes, picker.probe_hits) == (probes + 1, hits + 1)  # granted by its probe
+    other.release()
+
+
 def test_the_policys_cooldown_is_a_targeted_releases_default(make_pool) -> None:
     make_pool("proxy", 1)
     pool_policy("proxy", cooldown=20)

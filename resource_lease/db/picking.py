@@ -21,6 +21,11 @@ probability (never below ``MIN_PROBE_RATE``, so that the estimate follows when r
 again); otherwise it goes straight to the scan, which then also serves the least recently
 used row first. With plenty of free rows a probe nearly always hits, and which free row is
 granted is random, not least recently used.
+
+A grant for a target (``acquire(target=...)``) probes the same sample with its own statement
+(the row not cooling down for the target: ``OWN_TARGET``), and keeps a hit rate of its own per
+target, since a row free for one site may be cooling down for another: its misses neither
+teach the kind's rate nor take the row out of the sample the other targets probe.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ MIN_PROBE_RATE = 0.05
 #: before it scans (a miss costs a primary-key lookup; the scan walks the acquire index).
 PLENTY = 0.5
 PROBES = 3
+#: Targets whose hit rates one thread keeps per kind (the oldest is forgotten past this).
+TARGETS_KEPT = 256
 
 
 #: The position of ``data`` in a lease table row (the model's column order).
@@ -78,13 +85,17 @@ class Clock:
 class KindSample:
     """One thread's view of one kind: rows that were free, and how often probing them paid."""
 
-    __slots__ = ("rows", "clock", "refresh_at", "hit_rate")
+    __slots__ = ("rows", "clock", "refresh_at", "hit_rate", "target_rates")
 
-    def __init__(self, rows: list[Row], clock: Clock | None, refresh_at: float, hit_rate: float) -> None:
+    def __init__(
+        self, rows: list[Row], clock: Clock | None, refresh_at: float, hit_rate: float, target_rates: dict[str, float]
+    ) -> None:
         self.rows = rows
         self.clock = clock
         self.refresh_at = refresh_at
         self.hit_rate = hit_rate
+        #: Per target, how often its probes of these rows paid (see the module's docstring).
+        self.target_rates = target_rates
 
     @property
     def ids(self) -> list[int]:
@@ -112,7 +123,13 @@ class Picker:
             if refresh > 0:
                 rows, db_now = dialect.free_rows(cursor, kind=kind, limit=SAMPLE_SIZE)
                 clock = Clock(dialect.to_datetime(db_now), time.monotonic())
-            entry = self.kinds[kind] = KindSample(rows, clock, now + refresh, 1.0 if entry is None else entry.hit_rate)
+            entry = self.kinds[kind] = KindSample(
+                rows,
+                clock,
+                now + refresh,
+                1.0 if entry is None else entry.hit_rate,
+                {} if entry is None else entry.target_rates,
+            )
         return entry
 
     def grant_any(
@@ -133,13 +150,17 @@ class Picker:
         ``token``: probes while they are likely to pay, then the scan. Each is a conditional
         single statement under the same token and the first that grants ends the attempt, so
         a lost answer is settled by the token as before."""
-        if turn.target:
-            # A targeted grant's rows may be cooling down for its target, which the sample
-            # does not know: the probes would miss and teach the kind's hit rate wrong.
-            return dialect.acquire(cursor, kind=kind, holder=holder, token=token, ttl=ttl, turn=turn, where=where_sql)
         entry = self.sample(dialect, cursor, kind)
-        rows = entry.rows if where is None else [row for row in entry.rows if where_matches(where, row_data(row))]
-        rate = entry.hit_rate
+        target = turn.target
+        if target:
+            # The sample does not know the target's cooldowns: a miss may be a row free for
+            # others, so it stays in the sample (probed from a copy) and teaches only the
+            # target's own rate.
+            rows = [row for row in entry.rows if where is None or where_matches(where, row_data(row))]
+            rate = entry.target_rates.get(target, 1.0)
+        else:
+            rows = entry.rows if where is None else [row for row in entry.rows if where_matches(where, row_data(row))]
+            rate = entry.hit_rate
         if rows and (rate >= PLENTY or random.random() < max(rate, MIN_PROBE_RATE)):
             for _ in range(PROBES if rate >= PLENTY else 1):
                 i = random.randrange(len(rows))
@@ -157,13 +178,22 @@ class Picker:
                 )
                 if row is not None:
                     self.probe_hits += 1
-                    entry.hit_rate += SMOOTHING * (1.0 - entry.hit_rate)
+                    rate += SMOOTHING * (1.0 - rate)
+                else:
+                    rate -= SMOOTHING * rate
+                if target:
+                    entry.target_rates.pop(target, None)  # the newest last: the oldest is forgotten first
+                    entry.target_rates[target] = rate
+                    if len(entry.target_rates) > TARGETS_KEPT:
+                        del entry.target_rates[next(iter(entry.target_rates))]
+                else:
+                    entry.hit_rate = rate
+                if row is not None:
                     return row
-                entry.hit_rate -= SMOOTHING * entry.hit_rate
                 sampled = rows[i]
                 rows[i] = rows[-1]  # taken (or gone): not probed again until the next refresh
                 rows.pop()
-                if rows is not entry.rows:
+                if rows is not entry.rows and not target:
                     entry.rows.remove(sampled)
                 if not rows:
                     break
