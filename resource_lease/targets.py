@@ -76,14 +76,36 @@ def used(lease: Any, cooldown: float) -> None:
         if cooldown > 0:
             cool(lease, cooldown)
         return
-    recent, n, per = lease.counted
+    recent = lease.counted[0]
     now = lease.resource.acquired_at.timestamp() + (time.monotonic() - lease.sent_at)
-    recent = [*recent[:-1], max(recent[-1], now)]
+    _write_used(lease, [*recent[:-1], max(recent[-1], now)], now, cooldown)
+
+
+def _write_used(lease: Any, recent: list[float], now: float, cooldown: float) -> None:
+    """Store ``recent`` (the grant's time moved to ``now``) and the cooldown it and
+    ``cooldown`` call for, in one fenced write; ``LeaseLost`` if the lease is no longer held."""
+    _, n, per = lease.counted
     window = recent[0] + per - now if len(recent) >= n else 0.0
     key = {"pk": lease.resource.pk, "holder": lease.holder, "fence": lease.fence}
     if not ops(lease.using).count_grant(**key, target=lease.target, recent=recent, seconds=max(window, cooldown, 0.0)):
         lease.mark_lost("a release's cooldown found the lease expired or taken: nothing recorded")
         raise LeaseLost(f"{lease!r}: {lease.lost_reason}")
+
+
+def used_elsewhere(lease: Any, cooldown: float, target_rate: tuple[int, float] | None, now: float) -> None:
+    """``used`` for a grant whose count this process did not keep (a lease over HTTP, granted
+    in another request): the stored times are read, and the last one, this grant's (the
+    resource has been held since, so no grant for the target came after it), moved to
+    ``now`` (the database's clock, epoch seconds, read before this call). Without a
+    ``target_rate`` only the cooldown, if any."""
+    if target_rate is None:
+        if cooldown > 0:
+            cool(lease, cooldown)
+        return
+    n, per = target_rate
+    recent = ops(lease.using).read_recent(pk=lease.resource.pk, target=lease.target)
+    lease.counted = ([*recent[:-1], max(recent[-1], now)] if recent else [now], n, per)
+    _write_used(lease, lease.counted[0], now, cooldown)
 
 
 def release_cooldown(lease: Any, cooldown: float | None) -> float:

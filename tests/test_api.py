@@ -215,6 +215,37 @@ def test_a_target_and_its_cooldown_over_http(api: Callable[..., Api]) -> None:
     assert Cooldown.objects.count() == 2
 
 
+@pytest.mark.parametrize("variant", ["engine", "negative-control"])
+def test_a_release_over_http_counts_the_use_from_the_release(
+    api: Callable[..., Api], make_pool: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, variant: str
+) -> None:
+    """Under the policy's target_rate a release over HTTP moves its grant's time to the
+    release, as ``Lease.release`` does: the window ends ``per`` after the release (negative
+    control: a release that only cools leaves it at grant + ``per``)."""
+    import datetime as dt
+
+    from resource_lease import targets
+    from resource_lease.models import Cooldown
+    from resource_lease.pool import database_now
+
+    make_pool("proxy", 1)
+    pool_policy("proxy", target_rate=(1, 60))
+    if variant == "negative-control":
+        monkeypatch.setattr(targets, "used_elsewhere", lambda grant, seconds, rate, now: None)
+    alice = api()
+    lease = alice.post("leases", {"kind": "proxy", "target": "api.example"}).json()
+    granted_until = Cooldown.objects.get(target="api.example").until
+    time.sleep(0.5)
+    released_at = database_now()
+    assert alice.post(f"leases/{lease['id']}/release", {}).json() == {"released": True}
+    until = Cooldown.objects.get(target="api.example").until
+    if variant == "engine":
+        assert until >= released_at + dt.timedelta(seconds=60), (until, released_at)
+    else:
+        assert until == granted_until < released_at + dt.timedelta(seconds=60)
+    assert alice.post("leases", {"kind": "proxy", "target": "api.example"}).status_code == 423
+
+
 def test_a_report_over_http_is_the_leases_report_fenced_and_judged_by_the_granted_level(
     api: Callable[..., Api], make_pool: Callable[..., Any]
 ) -> None:

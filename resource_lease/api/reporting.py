@@ -31,6 +31,8 @@ class ReportedGrant:
         #: this only keeps the log line to the first).
         self.tripped = False
         self.lost_reason: str | None = None
+        #: What the release's write stores for the policy's target_rate (``targets.used_elsewhere``).
+        self.counted: tuple[list[float], int, float] | None = None
 
     def __repr__(self) -> str:
         return f"<grant {self.fence} of row {self.resource.pk} over HTTP, holder {self.holder!r}>"

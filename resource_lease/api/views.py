@@ -256,10 +256,14 @@ async def release(request: HttpRequest, lease_id: str) -> HttpResponse:
     if cooldown is not None and ref.target is None:
         raise ApiError(400, "cooldown goes with a lease acquired with a target", field="cooldown")
     if ref.target is not None:
-        seconds = cooldown if cooldown is not None else (await in_thread(health.policy_of, _alias(), ref.kind)).cooldown
-        if seconds > 0:
+        policy = await in_thread(health.policy_of, _alias(), ref.kind)
+        seconds = cooldown if cooldown is not None else policy.cooldown
+        if seconds > 0 or policy.target_rate is not None:
+            # The cooldown, and under target_rate the grant's time moved to now: the window
+            # counts each use from its release (docs/learning.md#targets).
+            now = (await in_thread(pool.database_now, _alias())).timestamp()
             try:
-                await in_thread(targets.cool, ReportedGrant(ref, _alias()), seconds)
+                await in_thread(targets.used_elsewhere, ReportedGrant(ref, _alias()), seconds, policy.target_rate, now)
             except LeaseLost:
                 return JsonResponse({"released": False})
     released = await in_thread(_give_back, ref.pk, ref.holder, ref.fence, ref.kind)
