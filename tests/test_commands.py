@@ -1,4 +1,4 @@
-"""seed_proxies, inspect_pool and prune_lease_events, as an operator runs them."""
+"""seed_proxies, inspect_pool, prune_lease_events and prune_cooldowns, as an operator runs them."""
 
 from __future__ import annotations
 
@@ -376,3 +376,32 @@ def test_prune_rejects_a_bad_age() -> None:
     for bad in ("0", "-1", "nan", "inf", "soon"):
         with pytest.raises(CommandError, match=r"--days"):
             run("prune_lease_events", "--days", bad)
+        with pytest.raises(CommandError, match=r"--days"):
+            run("prune_cooldowns", "--days", bad)
+
+
+# -- prune_cooldowns ---------------------------------------------------------------------
+
+
+def test_prune_cooldowns_deletes_those_that_ended_long_ago_and_refuses_a_window_it_would_cut() -> None:
+    from resource_lease import pool_policy
+    from resource_lease.models import Cooldown
+    from resource_lease.pool import database_now
+
+    now = database_now()
+    proxy = Resource.objects.create(kind="proxy", name="p1")
+    Cooldown.objects.bulk_create(
+        Cooldown(resource=proxy, target=f"site-{i}.example", until=now + dt.timedelta(days=offset), recent=[])
+        for i, offset in enumerate((-10, -8, -1, 1 / 24))
+    )
+    assert "Dry run: 2 cooldowns ended more than 7 days ago" in run("prune_cooldowns", "--dry-run")
+    assert Cooldown.objects.count() == 4
+    assert "Deleted 2 cooldowns that ended more than 7 days ago" in run("prune_cooldowns")
+    assert sorted(Cooldown.objects.values_list("target", flat=True)) == ["site-2.example", "site-3.example"]
+    # A policy whose target_rate window is longer than --days: its grant times still count.
+    pool_policy("proxy", target_rate=(10, 2 * 86400))
+    with pytest.raises(CommandError, match=r"target_rate window of kind 'proxy' \(172800 s\)"):
+        run("prune_cooldowns", "--days", "0.5")
+    assert Cooldown.objects.count() == 2  # nothing deleted
+    assert "Deleted 0 cooldowns that ended more than 2 days ago" in run("prune_cooldowns", "--days", "2")
+    assert Cooldown.objects.count() == 2  # site-2 ended a day ago
