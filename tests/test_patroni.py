@@ -466,11 +466,15 @@ def failover_scenario(
         # The primary's WAL senders stop: it goes on granting, its replicas fall behind. Both
         # replicas must be streaming first: a WAL sender that starts after the pause (a replica
         # still reconnecting from the scenario before) would keep its replica up to date, and
-        # Patroni would promote that one, losing nothing (seen in CI).
-        deadline = time.monotonic() + 60
+        # Patroni would promote that one, losing nothing (seen in CI). A replica still catching
+        # up counts: its WAL sender exists, and the pause stops it too. Up to 120 s: on a loaded
+        # machine a replica was seen 14 MB behind and not yet streaming after 60 s.
+        deadline = time.monotonic() + 120
         while True:
             with admin_connect() as db:
-                streaming = db.execute("SELECT COUNT(*) FROM pg_stat_replication WHERE state = 'streaming'").fetchone()
+                streaming = db.execute(
+                    "SELECT COUNT(*) FROM pg_stat_replication WHERE state IN ('streaming', 'catchup')"
+                ).fetchone()
             if streaming and streaming[0] >= 2:
                 break
             assert time.monotonic() < deadline, f"the replicas are not both streaming: {patroni('status').stdout}"
