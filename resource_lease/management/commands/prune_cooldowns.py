@@ -13,19 +13,17 @@ reads. Run it from cron (daily, say).
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
-from django.db.models import DateTimeField, DurationField, ExpressionWrapper, Value
+from django.db.models import Q
 
-from resource_lease.db.clock import DbNow
 from resource_lease.management.commands._arguments import database_argument, positive_days_argument
 from resource_lease.management.commands._base import LeaseCommand
+from resource_lease.management.commands._pruning import days_ago, delete_in_batches
 from resource_lease.models import Cooldown, PoolPolicy
 from resource_lease.validation import resolve_using
 
-BATCH = 5000
 DAYS = 7.0
 
 
@@ -59,18 +57,12 @@ class Command(LeaseCommand):
                 f"--days {days:g} is shorter than the target_rate window of kind {kind!r} ({per:g} s): its cooldowns'"
                 " grant times still count; pass --days of at least that window"
             )
-        age = Value(dt.timedelta(days=days), output_field=DurationField())
-        cutoff = ExpressionWrapper(DbNow() - age, output_field=DateTimeField())
+        cutoff = days_ago(days)
         old = Cooldown.objects.using(using).filter(until__lt=cutoff)
         if dry_run:
             self.stdout.write(f"Dry run: {old.count()} cooldowns ended more than {days:g} days ago.")
             return
-        deleted = 0
-        while True:
-            batch = list(old.order_by("until").values_list("pk", flat=True)[:BATCH])
-            if not batch:
-                break
-            # The row's end judged again in the DELETE: a grant that counted meanwhile keeps it.
-            deleted += Cooldown.objects.using(using).filter(pk__in=batch, until__lt=cutoff).delete()[0]
+        # The row's end judged again in each DELETE: a grant that counted meanwhile keeps it.
+        deleted = delete_in_batches(old, "until", again=Q(until__lt=cutoff))
         if options.get("verbosity", 1) >= 1:
             self.stdout.write(f"Deleted {deleted} cooldowns that ended more than {days:g} days ago.")

@@ -6,20 +6,17 @@ table the audit writer keeps inserting into.
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from django.core.management.base import CommandParser
-from django.db.models import DateTimeField, DurationField, ExpressionWrapper, Value
 
 from resource_lease.conf import lease_settings
-from resource_lease.db.clock import DbNow
 from resource_lease.management.commands._arguments import database_argument, positive_days_argument
 from resource_lease.management.commands._base import LeaseCommand
+from resource_lease.management.commands._pruning import days_ago, delete_in_batches
 from resource_lease.models import LeaseEvent
 from resource_lease.validation import resolve_using
 
-BATCH = 5000
 
 
 class Command(LeaseCommand):
@@ -37,19 +34,10 @@ class Command(LeaseCommand):
     def handle(self, *args: Any, days: float | None, dry_run: bool, database: str | None, **options: Any) -> None:
         using = resolve_using(database or None, "--database")
         days = float(lease_settings.AUDIT_RETENTION_DAYS) if days is None else days
-        age = Value(dt.timedelta(days=days), output_field=DurationField())
-        # The cutoff by the database's clock, like everything else the app judges by time
-        # (docs/pitfalls.md#database-clock).
-        cutoff = ExpressionWrapper(DbNow() - age, output_field=DateTimeField())
-        old = LeaseEvent.objects.using(using).filter(at__lt=cutoff)
+        old = LeaseEvent.objects.using(using).filter(at__lt=days_ago(days))
         if dry_run:
             self.stdout.write(f"Dry run: {old.count()} lease events are older than {days:g} days.")
             return
-        deleted = 0
-        while True:
-            batch = list(old.order_by("at").values_list("pk", flat=True)[:BATCH])
-            if not batch:
-                break
-            deleted += LeaseEvent.objects.using(using).filter(pk__in=batch).delete()[0]
+        deleted = delete_in_batches(old, "at")
         if options.get("verbosity", 1) >= 1:
             self.stdout.write(f"Deleted {deleted} lease events older than {days:g} days.")
