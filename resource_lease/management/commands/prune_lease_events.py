@@ -18,7 +18,6 @@ from resource_lease.models import LeaseEvent
 from resource_lease.validation import resolve_using
 
 
-
 class Command(LeaseCommand):
     help = "Delete lease events (the audit trail) older than --days (default: RESOURCE_LEASE['AUDIT_RETENTION_DAYS'])."
 
