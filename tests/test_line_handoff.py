@@ -1,5 +1,5 @@
 """A release that hands its row to the first waiter of its line in its own statement
-(PostgreSQL's ``RELEASE`` with ``HEAD_OF_LINE``, ``Dialect.hands_off``): the waiter then only
+(PostgreSQL's ``RELEASE`` with ``HEAD_OF_LINE``, ``LineStatements.hands_off``): the waiter then only
 reads its grant (``CLAIM_HANDED``), one read and no commit of its own per hand-off.
 
 What must hold, each with a negative control that the same check catches:
@@ -45,7 +45,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(autouse=True)
 def _hands_off() -> None:
-    if not lease_connection("default").dialect.hands_off:
+    if not lease_connection("default").dialect.line.hands_off:
         pytest.skip(f"{connection.vendor}: no release hands its row on (the waiter runs its own grant)")
 
 
@@ -278,7 +278,7 @@ def test_a_release_settled_after_its_row_was_handed_on_counts_as_released(
         assert row.holder == "next" and row.fence == held.fence + 1  # handed on
         released = run_repeatable(
             "default",
-            lambda d, c: d.was_released(c, pk=row.pk, holder=held.holder, fence=held.fence),
+            lambda d, c: d.leases.was_released(c, pk=row.pk, holder=held.holder, fence=held.fence),
             what="settling a release",
         )
     finally:

@@ -45,11 +45,11 @@ def test_a_waiters_grant_leaves_its_place_only_if_it_granted(
 ) -> None:
     dialect = lease_connection("default").dialect
     if variant == "negative-control":
-        if not dialect.leaving:
+        if not dialect.line.leaving:
             pytest.skip(f"{connection.vendor} leaves the line after the grant (no leaving form to break)")
-        broken = {key: sql.replace(" AND EXISTS (SELECT 1 FROM g)", "") for key, sql in dialect.leaving.items()}
-        assert broken != dialect.leaving
-        monkeypatch.setattr(dialect, "leaving", broken)
+        broken = {key: sql.replace(" AND EXISTS (SELECT 1 FROM g)", "") for key, sql in dialect.line.leaving.items()}
+        assert broken != dialect.line.leaving
+        monkeypatch.setattr(dialect.line, "leaving", broken)
     held = lock("leaving", ttl=300, timeout=0)
     first = _enter(LOCK_KIND, "leaving", "first")
     second = _enter(LOCK_KIND, "leaving", "second")
@@ -68,7 +68,7 @@ def test_a_waiters_grant_leaves_its_place_only_if_it_granted(
         "refused grant kept its place": kept == 1,
         "granted once free": granted is not None,
         "the other waiter kept its place": second_kept == 1,
-        "the grant itself left the line where the vendor can": left_by_grant == bool(dialect.leaving),
+        "the grant itself left the line where the vendor can": left_by_grant == bool(dialect.line.leaving),
         "no place left after leaving": _places(first, second) == 0,
     }
     failed = [what for what, ok in checks.items() if not ok]
@@ -85,11 +85,11 @@ def test_the_leaving_forms_are_those_of_the_grant_statements() -> None:
     where= filter, with and without a target), each the line form of the grant with the place's DELETE after it."""
     dialect = lease_connection("default").dialect
     if connection.vendor != "postgresql":
-        assert dialect.leaving == {}
+        assert dialect.line.leaving == {}
         return
-    names = {name for name, _, _ in dialect.leaving}
+    names = {name for name, _, _ in dialect.line.leaving}
     assert names == {"ACQUIRE_SCAN", "GRANT_BY_ID", "GRANT_BY_NAME", "GRANT_SAMPLED", "RW_READ", "RW_WRITE"}
-    for (name, filtered, targeted), sql in dialect.leaving.items():
+    for (name, filtered, targeted), sql in dialect.line.leaving.items():
         assert dialect.forms[True, filtered, targeted][name] in sql
         assert sql.endswith("AND EXISTS (SELECT 1 FROM g) RETURNING id) SELECT g.*, (SELECT COUNT(*) FROM gone) FROM g")
 

@@ -109,7 +109,7 @@ def without_the_delay_condition() -> Iterator[None]:
     made always true (the library's own statements are untouched elsewhere)."""
     dialect = lease_connection().dialect
     # Every form of every grant (PostgreSQL: a waiter's grant that leaves its place too).
-    tables = [dialect.sql, *dialect.forms.values(), *([dialect.leaving] if dialect.leaving else [])]
+    tables = [dialect.sql, *dialect.forms.values(), *([dialect.line.leaving] if dialect.line.leaving else [])]
     saved = [dict(sql) for sql in tables]
     over = dialect.sql["DELAY_OVER"]
     for sql in tables:

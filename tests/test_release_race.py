@@ -23,7 +23,7 @@ import pytest
 from django.db import connection, connections
 
 from resource_lease import lock, rwlock
-from resource_lease.db.postgresql import PostgreSQLDialect
+from resource_lease.db.postgresql import PostgreSQLLine
 from resource_lease.models import Resource
 from resource_lease.recipes.locks import LOCK_KIND
 from resource_lease.recipes.rwlock import RWLOCK_KIND
@@ -50,10 +50,10 @@ def slow_looks() -> dict[str, str]:
 @pytest.fixture(name="tells_again")
 def tells_again_fixture() -> Iterator[Callable[[bool], None]]:
     def set_to(on: bool) -> None:
-        PostgreSQLDialect.tells_again = on
+        PostgreSQLLine.tells_again = on
 
     yield set_to
-    PostgreSQLDialect.tells_again = True
+    PostgreSQLLine.tells_again = True
 
 
 def waiting_on_lock() -> int:

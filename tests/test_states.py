@@ -113,7 +113,7 @@ def test_the_dialects_lease_condition_and_live_select_the_same_rows(every_state)
 
 
 def is_held(row: Resource) -> Callable[[Dialect, Any], bool]:
-    return lambda dialect, cursor: dialect.is_held(cursor, pk=row.pk, holder=row.holder, fence=row.fence)
+    return lambda dialect, cursor: dialect.leases.is_held(cursor, pk=row.pk, holder=row.holder, fence=row.fence)
 
 
 def test_expired_and_quarantined_and_with_state(every_state) -> None:

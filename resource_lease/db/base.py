@@ -8,8 +8,10 @@ SKIP LOCKED, LAST_INSERT_ID). Everything vendor-specific lives in this package.
 
 from __future__ import annotations
 
+import abc
 import datetime as dt
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 from typing import Any
 
@@ -25,9 +27,12 @@ from resource_lease.db import sessions as session_sql
 from resource_lease.db import statements
 from resource_lease.db import terms as term_sql
 from resource_lease.db import topics as topic_sql
-from resource_lease.db.grants import GrantStatements
+from resource_lease.db.answers import Answer
+from resource_lease.db.grants import LeaseStatements
+from resource_lease.db.line import LineStatements, key_paths
+from resource_lease.db.rwlock import RwLockStatements
 from resource_lease.db.statements import Returning
-from resource_lease.models import NEVER, Cooldown, Resource, Waiter
+from resource_lease.models import Cooldown, Resource, Waiter
 
 Row = Sequence[Any]
 
@@ -46,13 +51,20 @@ class Failure(Enum):
     FATAL = "fatal"
 
 
-class Dialect(GrantStatements):
-    """The lease statements for one vendor.
+class Dialect(abc.ABC):
+    """One vendor: its statements rendered, how they run, and what only it does.
 
-    The statements are the named templates of ``resource_lease.db.statements``, rendered once
-    per dialect into ``self.sql``; a subclass sets the vendor's pieces (``now_sql``, the expiry
-    expression, the placeholder) and overrides only the templates that differ (``templates``,
-    ``returning_template``).
+    The statements are the named templates of ``resource_lease.db.statements`` (and of the
+    other statement modules), rendered once per dialect into ``self.sql``; a vendor's subclass
+    sets its pieces (``now_sql``, the expiry expression, the placeholder, how a ``where=`` is
+    compared), overrides only the templates that differ (``templates``,
+    ``returning_template``), and says how to connect and how to read an error.
+
+    The statements are run by three parts, composed (``leases``: grants, renewals, releases;
+    ``line``: the line of waiters' places; ``rw``: an rwlock's read grants), each a class a
+    vendor may replace by its own (``leases_part``, ``line_part``, ``rw_part``: MySQL's probe
+    and scan, PostgreSQL's hand-off); a statement that only needs running and one shape of
+    answer runs through ``execute``.
     """
 
     vendor = ""
@@ -86,6 +98,13 @@ class Dialect(GrantStatements):
     #: The NOTIFY channel a release wakes the line's waiters on ('': this vendor cannot push;
     #: the waiters look).
     line_channel = ""
+    #: How a ``where=`` value's type is named by the vendor's JSON functions (``encode_where``):
+    #: for str, int, True, False, None.
+    where_types: Mapping[str, str] = {}
+    #: The parts that run the statements (see the class's docstring).
+    leases_part: type[LeaseStatements] = LeaseStatements
+    line_part: type[LineStatements] = LineStatements
+    rw_part: type[RwLockStatements] = RwLockStatements
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         qn = connection.ops.quote_name
@@ -142,6 +161,9 @@ class Dialect(GrantStatements):
         self.free = self.sql["FREE"]
         self.grant_set = self.sql["GRANT_SET"]
         self.freed_at = self.sql["FREED_AT"]
+        self.line = self.line_part(self)
+        self.leases = self.leases_part(self)
+        self.rw = self.rw_part(self)
 
     def pieces(self) -> dict[str, str]:
         """What the templates leave open, for this vendor and table."""
@@ -165,15 +187,65 @@ class Dialect(GrantStatements):
 
     # -- vendor pieces ---------------------------------------------------------------
 
+    @abc.abstractmethod
     def expiry_sql(self, placeholder: str | None = None) -> str:
-        """``now + ttl`` where the ttl (seconds, a float) is the statement's next parameter
-        (or the named ``placeholder``)."""
-        raise NotImplementedError
+        """``now + ttl`` where the ttl (as ``ttl_param`` passes it) is the statement's next
+        parameter (or the named ``placeholder``)."""
 
+    @abc.abstractmethod
     def delay_end_sql(self) -> str:
         """``busy_before`` plus the row's ``lock_delay`` seconds (a float column), as an SQL
         expression comparable with ``now_sql``."""
-        raise NotImplementedError
+
+    @abc.abstractmethod
+    def matches_sql(self, where: str, data: str) -> str:
+        """An SQL condition, never NULL: the JSON ``data`` has every key of the filter
+        ``where`` (JSON text, as ``encode_where`` wrote it: [{"k": key, "t": type, "s":
+        text}, ...]) with a value of the same type and text (docs/pitfalls.md#json-compared)."""
+
+    def encode_where(self, where: Mapping[str, Any]) -> str:
+        """A checked ``where=`` filter (keys: str; values: str, int, bool or None) as the JSON
+        text ``matches_sql`` compares: each key with its value's type as this vendor's JSON
+        functions name it, and its text (booleans and null: their type says it all)."""
+        entries = []
+        for key, value in sorted(where.items()):
+            if value is None:
+                kind, text = "null", ""
+            elif value is True or value is False:
+                kind, text = str(value).lower(), str(value).lower()
+            elif isinstance(value, int):
+                kind, text = "int", str(value)
+            else:
+                kind, text = "str", value
+            entries.append({"k": key, "t": self.where_types[kind], "s": text, **key_paths(key)})
+        return json.dumps(entries)
+
+    # -- running a statement ------------------------------------------------------------
+
+    def statement(self, name: str, where: str | None, *, in_line: bool = True, target: str = "") -> str:
+        """The lease statement ``name`` in its line form or not (``Turn.forms``), and with the
+        caller's ``where=`` filter and ``target`` if any."""
+        return self.forms[in_line, where is not None, bool(target)][name]
+
+    def execute(self, cursor: Any, name: str, params: Sequence[Any] = (), *, answer: Answer = Answer.NOTHING) -> Any:
+        """Run the statement ``name`` (``self.sql``) and read its ``answer``. A result set is
+        read whole: SQLite ends the statement (and its lock) only then
+        (docs/pitfalls.md#sqlite)."""
+        cursor.execute(self.sql[name], params)
+        if answer is Answer.NOTHING:
+            return None
+        if answer is Answer.COUNT:
+            return int(cursor.rowcount or 0)
+        if answer is Answer.CHANGED_ONE:
+            return cursor.rowcount == 1
+        rows = cursor.fetchall()
+        if answer is Answer.ANY:
+            return bool(rows)
+        if answer is Answer.FIRST:
+            return rows[0] if rows else None
+        if answer is Answer.VALUE:
+            return rows[0][0] if rows else None
+        return rows
 
     def claim_statement(self, name: str) -> str:
         """The name of the dispenser's claim statement ``name`` on this server (MySQL without
@@ -204,7 +276,7 @@ class Dialect(GrantStatements):
     def ttl_param(self, ttl: float) -> Any:
         return ttl
 
-    def setup_session(self, raw_connection: Any, lock_wait_timeout: float) -> None:
+    def setup_session(self, raw_connection: Any, lock_wait_timeout: float) -> None:  # noqa: B027 (a vendor's hook; none by default)
         """Per-connection settings for the engine's own connections."""
 
     def connect(self, lock_wait_timeout: float) -> None:
@@ -213,16 +285,17 @@ class Dialect(GrantStatements):
         self.connection.ensure_connection()
         self.setup_session(self.connection.connection, lock_wait_timeout)
 
-    def disconnected(self) -> None:
+    def disconnected(self) -> None:  # noqa: B027 (a vendor's hook; none by default)
         """The connection was lost: the next ``connect`` may choose another server."""
 
-    @staticmethod
+    @staticmethod  # noqa: B027 (a vendor's hook; none by default)
     def connect_options(options: dict[str, Any], io_timeout: float, *, prepared: bool) -> None:
         """Driver options (timeouts; server-side prepared statements if ``prepared`` and the
         driver has them) for the engine's own connections; the user's win."""
 
+    @abc.abstractmethod
     def classify(self, exc: BaseException) -> Failure:
-        raise NotImplementedError
+        """How the engine should treat ``exc``, raised by one of this dialect's statements."""
 
     # -- checks on the user's own connections (resource_lease/checks.py) -------------
 
@@ -238,54 +311,6 @@ class Dialect(GrantStatements):
         not matched rows, on the user's connections (docs/pitfalls.md#found-rows)."""
         return False
 
-    # -- statements ------------------------------------------------------------------
-
-    def renew(self, cursor: Any, *, pk: int, holder: str, fence: int, ttl: float) -> dt.datetime | None:
-        """Extend a live grant of ours; return the new expiry, or None if it is not ours."""
-        row = self.returning_row(
-            cursor, self.sql["RENEW"], (self.ttl_param(ttl), pk, holder, fence), read_params=(pk, fence)
-        )
-        return None if row is None else self.to_datetime(row[0])
-
-    def limit_slots(self, cursor: Any, *, kind: str, below: str) -> int:
-        """Enable the rows of ``kind`` whose name sorts before ``below`` and disable the others
-        (a semaphore's slot count: slot names are zero-padded numbers). A held row that gets
-        disabled keeps its holder; it is never granted again while disabled. Returns how many
-        rows changed (none when the count is already in force)."""
-        cursor.execute(self.sql["LIMIT_SLOTS"], (below, kind, below))
-        return int(cursor.rowcount)
-
-    def insert_missing(self, cursor: Any, *, kind: str, names: Sequence[str], data: str = "{}") -> None:
-        """Create the rows (kind, name) that do not exist yet, free and never leased.
-
-        Race-safe: a row that another connection creates at the same moment is kept as it is
-        (no IntegrityError); ``data`` (JSON text) goes only into rows this statement creates.
-        """
-        if not names:
-            return
-        never = self.connection.ops.adapt_datetimefield_value(NEVER)
-        params: list[Any] = []
-        for name in names:
-            params += [kind, name, data, never]
-        rows = ", ".join([self.sql["MISSING_ROW"]] * len(names))
-        cursor.execute(statements.fill(self.sql["INSERT_MISSING"], rows=rows), params)
-
-    def read_named(self, cursor: Any, *, kind: str, names: Sequence[str] | None = None) -> tuple[list[Row], Any]:
-        """The rows of ``kind`` (only ``names`` if given; in no order), and the database's
-        clock when they were read (raw; ``to_datetime`` converts it)."""
-        if names is None:
-            cursor.execute(self.sql["READ_KIND"], [kind])
-        elif not names:
-            return [], None
-        else:
-            in_list = ", ".join([self.placeholder] * len(names))
-            cursor.execute(statements.fill(self.sql["READ_NAMED"], names=in_list), [kind, *names])
-        rows = cursor.fetchall()
-        if not rows:
-            cursor.execute(self.sql["READ_CLOCK"])
-            return [], cursor.fetchall()[0][0]
-        return [row[:-1] for row in rows], rows[0][-1]
-
     def returning_row(
         self, cursor: Any, sql: str, params: Sequence[Any], *, read_params: Sequence[Any] = ()
     ) -> Row | None:
@@ -295,40 +320,6 @@ class Dialect(GrantStatements):
         # Every row: SQLite ends the statement (and its lock) only then (docs/pitfalls.md#sqlite).
         rows = cursor.fetchall()
         return rows[0] if rows else None
-
-    def release(self, cursor: Any, *, pk: int, holder: str, fence: int) -> bool:
-        """Give a live grant of ours back; True if it was ours. Where the vendor can, the same
-        statement tells the waiters whose turn it may be (PostgreSQL: ``TELL_TURNS``)."""
-        cursor.execute(self.sql["RELEASE"], (pk, holder, fence))
-        return bool(cursor.rowcount == 1)
-
-    def write_data(self, cursor: Any, *, pk: int, holder: str, fence: int, data: str) -> bool:
-        """Replace a live grant's payload (JSON text) if the grant is still ours: a fenced write."""
-        cursor.execute(self.sql["WRITE_DATA"], (data, pk, holder, fence))
-        return bool(cursor.rowcount == 1)
-
-    def was_released(self, cursor: Any, *, pk: int, holder: str, fence: int) -> bool:
-        """Whether this grant (holder and fence) has been given back: its token cleared, or the
-        next grant followed a release of it (handed to a waiter: PostgreSQL's RELEASE).
-        Settles a release whose answer was lost (docs/pitfalls.md#unknown-outcome); an
-        operator's force_release counts too (the grant was ours and the resource is free)."""
-        cursor.execute(self.sql["WAS_RELEASED"], (pk, holder, fence, holder, fence))
-        return bool(cursor.fetchall())
-
-    def is_held(self, cursor: Any, *, pk: int, holder: str, fence: int) -> bool:
-        cursor.execute(self.sql["IS_HELD"], (pk, holder, fence))
-        return bool(cursor.fetchall())
-
-    def find_grant(self, cursor: Any, *, kind: str, token: str) -> Row | None:
-        """The row granted under ``token``, if that grant committed and is still live (settles
-        a grant whose answer was lost: docs/pitfalls.md#unknown-outcome)."""
-        cursor.execute(self.sql["FIND_GRANT"], (kind, token))
-        rows = cursor.fetchall()
-        return rows[0] if rows else None
-
-    def kind_exists(self, cursor: Any, kind: str) -> bool:
-        cursor.execute(self.sql["KIND_EXISTS"], (kind,))
-        return bool(cursor.fetchall())
 
     # -- rows ------------------------------------------------------------------------
 

@@ -1,22 +1,32 @@
-"""The grant statements of every ``Dialect``: any free row of a kind (the scan), a sampled row
-(the probe), a chosen row (the holder's lock step), a named row (locks, elections, members),
-each conditional on the row being free and the caller's turn in its line (``db/line.py``).
-A vendor overrides what differs (MySQL's probe and scan, PostgreSQL's probe)."""
+"""The lease statements, a part of every ``Dialect`` (``dialect.leases``): the grants (any free
+row of a kind: the scan; a sampled row: the probe; a chosen row: the holder's lock step; a
+named row: locks, elections, members), each conditional on the row being free and the caller's
+turn in its line (``db/line.py``), and a grant's renewal, release and checks. A vendor's part
+overrides what differs (``MySQLLeases``: the probe and the scan; ``PostgreSQLLeases``: the probe
+and the release's hand-off)."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resource_lease.db import statements
-from resource_lease.db.line import NEWCOMER, Turn
-from resource_lease.db.rwlock import RwLockStatements
+from resource_lease.db.answers import Answer
+from resource_lease.db.line import NEWCOMER, Turn, left_by_grant, own
+from resource_lease.models import NEVER
+
+if TYPE_CHECKING:
+    from resource_lease.db.base import Dialect
 
 Row = Sequence[Any]
 
 
-class GrantStatements(RwLockStatements):
-    """The grants; ``Dialect`` supplies the rendered SQL and the vendor's pieces."""
+class LeaseStatements:
+    """The lease statements on ``dialect``'s rendered SQL."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.d = dialect
 
     def acquire(
         self,
@@ -37,7 +47,7 @@ class GrantStatements(RwLockStatements):
                 cursor,
                 "ACQUIRE_SCAN",
                 (
-                    *self.grant_params(holder, token, self.ttl_param(ttl), turn),
+                    *self.grant_params(holder, token, self.d.ttl_param(ttl), turn),
                     *self.grantable(kind, turn, where, in_line=in_line),
                 ),
                 turn=turn,
@@ -53,11 +63,10 @@ class GrantStatements(RwLockStatements):
         """Up to ``limit`` rows of ``kind`` free now (in no promised order), and the
         database's clock when they were read (raw): the sample ``acquire()`` probes (a hint
         only: every grant re-checks its row)."""
-        cursor.execute(statements.fill(self.sql["FREE_ROWS"], limit=str(int(limit))), (kind,))
+        cursor.execute(statements.fill(self.d.sql["FREE_ROWS"], limit=str(int(limit))), (kind,))
         rows = cursor.fetchall()
         if not rows:
-            cursor.execute(self.sql["READ_CLOCK"])
-            return [], cursor.fetchall()[0][0]
+            return [], self.d.execute(cursor, "READ_CLOCK", answer=Answer.VALUE)
         return [row[:-1] for row in rows], rows[0][-1]
 
     def grant_sampled(
@@ -107,7 +116,7 @@ class GrantStatements(RwLockStatements):
                 cursor,
                 "GRANT_BY_ID",
                 (
-                    *self.grant_params(holder, token, self.ttl_param(ttl), turn),
+                    *self.grant_params(holder, token, self.d.ttl_param(ttl), turn),
                     pk,
                     *self.grantable(kind, turn, where, line, in_line=in_line),
                 ),
@@ -134,7 +143,7 @@ class GrantStatements(RwLockStatements):
                 cursor,
                 "GRANT_BY_NAME",
                 (
-                    *self.grant_params(holder, token, self.ttl_param(ttl), turn),
+                    *self.grant_params(holder, token, self.d.ttl_param(ttl), turn),
                     name,
                     *self.grantable(kind, turn, None, name, in_line=in_line),
                 ),
@@ -146,3 +155,116 @@ class GrantStatements(RwLockStatements):
             if row is not None:
                 return row
         return None
+
+    def grant_row(
+        self,
+        cursor: Any,
+        name: str,
+        params: Sequence[Any],
+        *,
+        turn: Turn,
+        where: str | None,
+        in_line: bool,
+        read_params: Sequence[Any] = (),
+    ) -> Sequence[Any] | None:
+        """Run the grant statement ``name`` in its form (``Turn.forms``); a waiter's grant in
+        the line form leaves its place in the same statement where the vendor can
+        (``leaving``)."""
+        leaving = (
+            self.d.line.leaving.get((name, where is not None, bool(turn.target))) if in_line and turn.place else None
+        )
+        if leaving is not None:
+            row = self.d.returning_row(cursor, leaving, (*params, turn.place), read_params=read_params)
+            if row is None:
+                return None
+            left_by_grant[self.d.alias, turn.place] = bool(row[-1])
+            return tuple(row[:-1])
+        sql = self.d.statement(name, where, in_line=in_line, target=turn.target)
+        return self.d.returning_row(cursor, sql, params, read_params=read_params)
+
+    @staticmethod
+    def grant_params(holder: str, token: str, ttl_param: Any, turn: Turn) -> tuple[Any, ...]:
+        """GRANT_SET's parameters: the holder, the token, the ttl, the caller's lock delay."""
+        return (holder, token, ttl_param, float(turn.lock_delay))
+
+    @staticmethod
+    def grantable(kind: str, turn: Turn, where: str | None, line: str = "", *, in_line: bool = True) -> tuple[Any, ...]:
+        """GRANTABLE's parameters: the kind, the caller's turn in the line ``line`` (the line
+        form only), its filter and its target."""
+        params = (kind, *turn.line_params(line, kind)) if in_line else (kind,)
+        return (*params, *own(where, turn.target))
+
+    # -- a grant's life: renewal, release, checks ------------------------------------------
+
+    def renew(self, cursor: Any, *, pk: int, holder: str, fence: int, ttl: float) -> dt.datetime | None:
+        """Extend a live grant of ours; return the new expiry, or None if it is not ours."""
+        row = self.d.returning_row(
+            cursor, self.d.sql["RENEW"], (self.d.ttl_param(ttl), pk, holder, fence), read_params=(pk, fence)
+        )
+        return None if row is None else self.d.to_datetime(row[0])
+
+    def release(self, cursor: Any, *, pk: int, holder: str, fence: int) -> bool:
+        """Give a live grant of ours back; True if it was ours. Where the vendor can, the same
+        statement tells the waiters whose turn it may be (PostgreSQL: ``TELL_TURNS``)."""
+        return self.d.execute(cursor, "RELEASE", (pk, holder, fence), answer=Answer.CHANGED_ONE)
+
+    def write_data(self, cursor: Any, *, pk: int, holder: str, fence: int, data: str) -> bool:
+        """Replace a live grant's payload (JSON text) if the grant is still ours: a fenced write."""
+        return self.d.execute(cursor, "WRITE_DATA", (data, pk, holder, fence), answer=Answer.CHANGED_ONE)
+
+    def was_released(self, cursor: Any, *, pk: int, holder: str, fence: int) -> bool:
+        """Whether this grant (holder and fence) has been given back: its token cleared, or the
+        next grant followed a release of it (handed to a waiter: PostgreSQL's RELEASE).
+        Settles a release whose answer was lost (docs/pitfalls.md#unknown-outcome); an
+        operator's force_release counts too (the grant was ours and the resource is free)."""
+        return self.d.execute(cursor, "WAS_RELEASED", (pk, holder, fence, holder, fence), answer=Answer.ANY)
+
+    def is_held(self, cursor: Any, *, pk: int, holder: str, fence: int) -> bool:
+        return self.d.execute(cursor, "IS_HELD", (pk, holder, fence), answer=Answer.ANY)
+
+    def find_grant(self, cursor: Any, *, kind: str, token: str) -> Row | None:
+        """The row granted under ``token``, if that grant committed and is still live (settles
+        a grant whose answer was lost: docs/pitfalls.md#unknown-outcome)."""
+        return self.d.execute(cursor, "FIND_GRANT", (kind, token), answer=Answer.FIRST)
+
+    # -- the rows ----------------------------------------------------------------------------
+
+    def kind_exists(self, cursor: Any, kind: str) -> bool:
+        return self.d.execute(cursor, "KIND_EXISTS", (kind,), answer=Answer.ANY)
+
+    def limit_slots(self, cursor: Any, *, kind: str, below: str) -> int:
+        """Enable the rows of ``kind`` whose name sorts before ``below`` and disable the others
+        (a semaphore's slot count: slot names are zero-padded numbers). A held row that gets
+        disabled keeps its holder; it is never granted again while disabled. Returns how many
+        rows changed (none when the count is already in force)."""
+        return self.d.execute(cursor, "LIMIT_SLOTS", (below, kind, below), answer=Answer.COUNT)
+
+    def insert_missing(self, cursor: Any, *, kind: str, names: Sequence[str], data: str = "{}") -> None:
+        """Create the rows (kind, name) that do not exist yet, free and never leased.
+
+        Race-safe: a row that another connection creates at the same moment is kept as it is
+        (no IntegrityError); ``data`` (JSON text) goes only into rows this statement creates.
+        """
+        if not names:
+            return
+        never = self.d.connection.ops.adapt_datetimefield_value(NEVER)
+        params: list[Any] = []
+        for name in names:
+            params += [kind, name, data, never]
+        rows = ", ".join([self.d.sql["MISSING_ROW"]] * len(names))
+        cursor.execute(statements.fill(self.d.sql["INSERT_MISSING"], rows=rows), params)
+
+    def read_named(self, cursor: Any, *, kind: str, names: Sequence[str] | None = None) -> tuple[list[Row], Any]:
+        """The rows of ``kind`` (only ``names`` if given; in no order), and the database's
+        clock when they were read (raw; ``to_datetime`` converts it)."""
+        if names is None:
+            cursor.execute(self.d.sql["READ_KIND"], [kind])
+        elif not names:
+            return [], None
+        else:
+            in_list = ", ".join([self.d.placeholder] * len(names))
+            cursor.execute(statements.fill(self.d.sql["READ_NAMED"], names=in_list), [kind, *names])
+        rows = cursor.fetchall()
+        if not rows:
+            return [], self.d.execute(cursor, "READ_CLOCK", answer=Answer.VALUE)
+        return [row[:-1] for row in rows], rows[0][-1]

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resource_lease.db import statements
+from resource_lease.db.answers import Answer
+
+if TYPE_CHECKING:
+    from resource_lease.db.base import Dialect
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,12 @@ def key_paths(key: str) -> dict[str, str]:
     }
 
 
+def own(where: str | None, target: str = "") -> tuple[Any, ...]:
+    """The parameters of ``{own_filter}{own_target}``: the caller's encoded ``where=`` and its
+    target, those it has."""
+    return (() if where is None else (where,)) + ((target,) if target else ())
+
+
 #: Whether a waiter's grant that left its place (``leaving``) found the place there, by
 #: (alias, place): if not, a release may have handed the place a row a moment before, which
 #: its waiter gives back as it leaves (``line.Waiting.cleanup``, which takes the entry out).
@@ -131,66 +141,9 @@ left_by_grant: dict[tuple[str, int], bool] = {}
 
 
 class LineStatements:
-    """The line's statements; ``Dialect`` supplies the rendered SQL and the vendor's pieces."""
-
-    #: How a ``where=`` value's type is named by the vendor's JSON functions (``encode_where``):
-    #: for str, int, True, False, None.
-    where_types: Mapping[str, str] = {}
-    sql: dict[str, str]
-    forms: dict[tuple[bool, bool, bool], dict[str, str]]
-    alias: str
-    placeholder: str
-
-    def ttl_param(self, ttl: float) -> Any:
-        raise NotImplementedError
-
-    def to_datetime(self, value: Any) -> dt.datetime:
-        raise NotImplementedError
-
-    def returning_row(
-        self, cursor: Any, sql: str, params: Sequence[Any], *, read_params: Sequence[Any] = ()
-    ) -> Sequence[Any] | None:
-        raise NotImplementedError
-
-    def matches_sql(self, where: str, data: str) -> str:
-        """An SQL condition, never NULL: the JSON ``data`` has every key of the filter
-        ``where`` (JSON text, as ``encode_where`` wrote it: [{"k": key, "t": type, "s":
-        text}, ...]) with a value of the same type and text."""
-        raise NotImplementedError
-
-    def encode_where(self, where: Mapping[str, Any]) -> str:
-        """A checked ``where=`` filter (keys: str; values: str, int, bool or None) as the JSON
-        text ``matches_sql`` compares: each key with its value's type as this vendor's JSON
-        functions name it, and its text (booleans and null: their type says it all)."""
-        entries = []
-        for key, value in sorted(where.items()):
-            if value is None:
-                kind, text = "null", ""
-            elif value is True or value is False:
-                kind, text = str(value).lower(), str(value).lower()
-            elif isinstance(value, int):
-                kind, text = "int", str(value)
-            else:
-                kind, text = "str", value
-            entries.append({"k": key, "t": self.where_types[kind], "s": text, **key_paths(key)})
-        return json.dumps(entries)
-
-    def statement(self, name: str, where: str | None, *, in_line: bool = True, target: str = "") -> str:
-        """The statement ``name`` in its line form or not (``Turn.forms``), and with the
-        caller's ``where=`` filter and ``target`` if any."""
-        return self.forms[in_line, where is not None, bool(target)][name]
-
-    @staticmethod
-    def own(where: str | None, target: str = "") -> tuple[Any, ...]:
-        """The parameters of ``{own_filter}{own_target}``: the caller's encoded ``where=`` and
-        its target, those it has."""
-        return (() if where is None else (where,)) + ((target,) if target else ())
-
-    #: The grant statements in the line form that also leave the caller's place in line,
-    #: where the vendor can in one statement (PostgreSQL: ``LEAVING_LINE``), by (name,
-    #: filtered, targeted): the waiter's leaving after it (``LEAVE_LINE``) then deletes
-    #: nothing, and commits no write of its own. Elsewhere empty: the place is left after the grant.
-    leaving: dict[tuple[str, bool, bool], str] = {}
+    """The line's statements, a part of every ``Dialect`` (``dialect.line``): the places
+    themselves (take, keep, leave, look, mark) and a release's hand-off to the head of the line
+    (``hands_off`` vendors: ``PostgreSQLLine``)."""
 
     #: Whether a release hands its row to the head of its line in its own statement
     #: (PostgreSQL's RELEASE), to a waiter that takes hand-offs (``enter_line``'s
@@ -198,10 +151,19 @@ class LineStatements:
     #: runs its own grant.
     hands_off = False
 
+    def __init__(self, dialect: Dialect) -> None:
+        self.d = dialect
+        #: The grant statements in the line form that also leave the caller's place in line,
+        #: where the vendor can in one statement (PostgreSQL: ``LEAVING_LINE``), by (name,
+        #: filtered, targeted): the waiter's leaving after it (``LEAVE_LINE``) then deletes
+        #: nothing, and commits no write of its own. Elsewhere empty: the place is left after
+        #: the grant.
+        self.leaving: dict[tuple[str, bool, bool], str] = {}
+
     def release_to_line(self, cursor: Any, *, pk: int, holder: str, fence: int) -> tuple[bool, int]:
         """``Dialect.release``, and the place in line the row was handed to in the same
         statement (``hands_off`` vendors), or 0."""
-        return self.release(cursor, pk=pk, holder=holder, fence=fence), 0  # type: ignore[attr-defined]
+        return self.d.leases.release(cursor, pk=pk, holder=holder, fence=fence), 0
 
     def handed_row(self, grant: Sequence[Any], *, holder: str, token: str) -> Any:
         """The row a release granted to the place of ``holder`` under ``token``, built from
@@ -214,44 +176,6 @@ class LineStatements:
         ``pk`` if known, else any of ``kind``), with the seconds it has left by the
         database's clock; None if there is none (nothing was handed, or it ran out)."""
         return None
-
-    def grant_row(
-        self,
-        cursor: Any,
-        name: str,
-        params: Sequence[Any],
-        *,
-        turn: Turn,
-        where: str | None,
-        in_line: bool,
-        read_params: Sequence[Any] = (),
-    ) -> Sequence[Any] | None:
-        """Run the grant statement ``name`` in its form (``Turn.forms``); a waiter's grant in
-        the line form leaves its place in the same statement where the vendor can
-        (``leaving``)."""
-        leaving = self.leaving.get((name, where is not None, bool(turn.target))) if in_line and turn.place else None
-        if leaving is not None:
-            row = self.returning_row(cursor, leaving, (*params, turn.place), read_params=read_params)
-            if row is None:
-                return None
-            left_by_grant[self.alias, turn.place] = bool(row[-1])
-            return tuple(row[:-1])
-        sql = self.statement(name, where, in_line=in_line, target=turn.target)
-        return self.returning_row(cursor, sql, params, read_params=read_params)
-
-    @staticmethod
-    def grant_params(holder: str, token: str, ttl_param: Any, turn: Turn) -> tuple[Any, ...]:
-        """GRANT_SET's parameters: the holder, the token, the ttl, the caller's lock delay."""
-        return (holder, token, ttl_param, float(turn.lock_delay))
-
-    @staticmethod
-    def grantable(kind: str, turn: Turn, where: str | None, line: str = "", *, in_line: bool = True) -> tuple[Any, ...]:
-        """GRANTABLE's parameters: the kind, the caller's turn in the line ``line`` (the line
-        form only), its filter and its target."""
-        params = (kind, *turn.line_params(line, kind)) if in_line else (kind,)
-        return (*params, *LineStatements.own(where, turn.target))
-
-    # -- the line of waiters -----------------------------------------------------------
 
     def enter_line(
         self,
@@ -279,9 +203,9 @@ class LineStatements:
         it takes no hand-off)."""
         if mark:
             self.mark_line(cursor, kind=kind, name=name, where=where, ttl=ttl)
-        row = self.returning_row(
+        row = self.d.returning_row(
             cursor,
-            self.sql["ENTER_LINE"],
+            self.d.sql["ENTER_LINE"],
             (
                 kind,
                 name,
@@ -293,7 +217,7 @@ class LineStatements:
                 token,
                 channel,
                 float(grant_ttl) if self.hands_off else 0.0,
-                self.ttl_param(ttl),
+                self.d.ttl_param(ttl),
             ),
             read_params=(token,),
         )
@@ -304,36 +228,33 @@ class LineStatements:
     def purge_line(self, cursor: Any, *, kind: str, name: str) -> None:
         """Drop the expired places of the line (their waiters died or were paused): they no
         longer count, they only take room."""
-        cursor.execute(self.sql["PURGE_LINE"], (kind, name))
+        self.d.execute(cursor, "PURGE_LINE", (kind, name))
 
     def purge_lines(self, cursor: Any) -> int:
         """Drop every line's expired places; how many."""
-        cursor.execute(self.sql["PURGE_LINES"])
-        return int(cursor.rowcount or 0)
+        return self.d.execute(cursor, "PURGE_LINES", answer=Answer.COUNT)
 
     def find_place(self, cursor: Any, *, token: str) -> int | None:
         """The place taken under ``token``, if that insert committed (settles a lost answer)."""
-        cursor.execute(self.sql["FIND_PLACE"], (token,))
-        rows = cursor.fetchall()
-        return int(rows[0][0]) if rows else None
+        place = self.d.execute(cursor, "FIND_PLACE", (token,), answer=Answer.VALUE)
+        return None if place is None else int(place)
 
     def mark_line(self, cursor: Any, *, kind: str, name: str, where: str | None, ttl: float) -> None:
         """Mark the rows a waiter of the line (kind, name) may wait for, so that until the mark
         ends a newcomer's grant of them checks the line (MARK_LINE). Before a place is taken
         or kept: the mark outlasts it."""
-        marked, at_least = self.ttl_param(2 * ttl), self.ttl_param(1.5 * ttl)
+        marked, at_least = self.d.ttl_param(2 * ttl), self.d.ttl_param(1.5 * ttl)
         if name:
-            cursor.execute(self.sql["MARK_NAMED"], (marked, kind, name, at_least))
+            self.d.execute(cursor, "MARK_NAMED", (marked, kind, name, at_least))
         else:
-            cursor.execute(self.statement("MARK_LINE", where), (marked, kind, at_least, *self.own(where)))
+            cursor.execute(self.d.statement("MARK_LINE", where), (marked, kind, at_least, *own(where)))
 
     def renew_place(
         self, cursor: Any, *, kind: str, name: str, where: str | None, place: int, ttl: float, mark: bool = True
     ) -> bool:
         """Keep a live place for ``ttl`` more seconds, and then (``mark``) its line's rows
         marked (``mark_line``); False if it had expired (it is lost: nothing is written)."""
-        cursor.execute(self.sql["RENEW_PLACE"], (self.ttl_param(ttl), place))
-        if cursor.rowcount != 1:
+        if not self.d.execute(cursor, "RENEW_PLACE", (self.d.ttl_param(ttl), place), answer=Answer.CHANGED_ONE):
             return False
         if mark:
             self.mark_line(cursor, kind=kind, name=name, where=where, ttl=ttl)
@@ -341,22 +262,20 @@ class LineStatements:
 
     def leave_line(self, cursor: Any, *, place: int) -> bool:
         """Leave the line; whether the place was there to delete."""
-        cursor.execute(self.sql["LEAVE_LINE"], (place,))
-        return bool(cursor.rowcount == 1)
+        return self.d.execute(cursor, "LEAVE_LINE", (place,), answer=Answer.CHANGED_ONE)
 
     def pass_turn(self, cursor: Any, *, kind: str, name: str) -> None:
         """Tell the first waiters of the line (kind, name) that it may be their turn, as a
         release does (PostgreSQL: ``PASS_TURN``; elsewhere the waiters look, and this is a
         no-op): a turn told to a waiter that did not take it."""
-        if "PASS_TURN" in self.sql:
-            cursor.execute(self.sql["PASS_TURN"], (kind, name))
-            cursor.fetchall()
+        if "PASS_TURN" in self.d.sql:
+            self.d.execute(cursor, "PASS_TURN", (kind, name), answer=Answer.ROWS)
 
     def line_waiters(self, cursor: Any, *, kind: str, name: str, limit: int) -> list[Place]:
         """The first ``limit`` live places of the line (kind, name), in the order of service."""
-        cursor.execute(statements.fill(self.sql["LINE_WAITERS"], limit=str(int(limit))), (kind, name))
+        cursor.execute(statements.fill(self.d.sql["LINE_WAITERS"], limit=str(int(limit))), (kind, name))
         return [
-            Place(int(pk), holder, int(priority), self.to_datetime(since), self.to_datetime(expires))
+            Place(int(pk), holder, int(priority), self.d.to_datetime(since), self.d.to_datetime(expires))
             for pk, holder, priority, since, expires in cursor.fetchall()
         ]
 
@@ -368,12 +287,12 @@ class LineStatements:
         ``shared``: a reader of an rwlock (only writers ahead count; free: open to readers)."""
         me, prio = turn.place, turn.priority
         if name:
-            sql = self.sql["LOOK_READ" if shared else "LOOK_NAMED"]
+            sql = self.d.sql["LOOK_READ" if shared else "LOOK_NAMED"]
             params: tuple[Any, ...] = (me, kind, name, me, prio, prio, me, kind, name, kind, name)
         else:
-            sql = statements.fill(self.statement("LOOK_ANY", where, target=turn.target), limit=str(self.LOOK_LIMIT))
+            sql = statements.fill(self.d.statement("LOOK_ANY", where, target=turn.target), limit=str(self.LOOK_LIMIT))
             ahead = (kind, me, prio, prio, me)
-            params = (me, *ahead, *ahead, kind, *self.own(where, turn.target), kind, turn.target, kind)
+            params = (me, *ahead, *ahead, kind, *own(where, turn.target), kind, turn.target, kind)
         cursor.execute(sql, params)
         live, ahead_n, filtered, free, next_at, now, cooled_at = cursor.fetchall()[0]
         # A count, or (LOOK_FREE listing them) the free rows' ids, comma-separated, or NULL.
@@ -383,8 +302,8 @@ class LineStatements:
             ahead=int(ahead_n),
             filtered=int(filtered),
             free=len(ids) if free is None or isinstance(free, str) else int(free),
-            next_free_at=None if next_at is None else self.to_datetime(next_at),
-            now=self.to_datetime(now),
+            next_free_at=None if next_at is None else self.d.to_datetime(next_at),
+            now=self.d.to_datetime(now),
             free_ids=ids,
-            cooled_at=None if cooled_at is None else self.to_datetime(cooled_at),
+            cooled_at=None if cooled_at is None else self.d.to_datetime(cooled_at),
         )

@@ -41,12 +41,12 @@ class LineOperations:
         rows marked first if ``mark``; its id (``target``: rows cooling down for it do not
         serve it; ``shared``: a reader of an rwlock; ``channel``:
         where its process hears its turn, PostgreSQL; ``grant_ttl``: the ttl of a grant a
-        release may hand it, ``Dialect.hands_off``; ``token``: the place's token, random if
+        release may hand it, ``LineStatements.hands_off``; ``token``: the place's token, random if
         not given, under which a handed grant is held)."""
         what = f"taking a place in line {kind}:{name}" if name else f"taking a place in line {kind}"
 
         def enter(d: Any, c: Any) -> int:
-            return d.enter_line(  # type: ignore[no-any-return]
+            return d.line.enter_line(  # type: ignore[no-any-return]
                 c,
                 kind=kind,
                 name=name,
@@ -67,7 +67,7 @@ class LineOperations:
             return run(self.alias, enter, what=what)
         except Disconnected:
             found = run_repeatable(
-                self.alias, lambda d, c: d.find_place(c, token=place_token), what=f"settling: {what}"
+                self.alias, lambda d, c: d.line.find_place(c, token=place_token), what=f"settling: {what}"
             )
             if found is not None:
                 return found
@@ -82,7 +82,7 @@ class LineOperations:
         line's rows marked; False if it had expired (it is lost)."""
         return run_repeatable(
             self.alias,
-            lambda d, c: d.renew_place(c, kind=kind, name=name, where=where, place=place, ttl=ttl, mark=mark),
+            lambda d, c: d.line.renew_place(c, kind=kind, name=name, where=where, place=place, ttl=ttl, mark=mark),
             what=f"keeping place {place} in line",
         )
 
@@ -92,7 +92,7 @@ class LineOperations:
         repeatable)."""
         return run_repeatable(
             self.alias,
-            lambda d, c: d.claim_handed(c, kind=kind, token=token, pk=pk),
+            lambda d, c: d.line.claim_handed(c, kind=kind, token=token, pk=pk),
             what=f"reading a grant handed in line {kind}",
         )
 
@@ -100,29 +100,29 @@ class LineOperations:
         """Leave the line; whether the place was there to delete (repeated after a lost
         answer, a place the first run deleted reads as not there)."""
         return run_repeatable(
-            self.alias, lambda d, c: d.leave_line(c, place=place), what=f"leaving line (place {place})"
+            self.alias, lambda d, c: d.line.leave_line(c, place=place), what=f"leaving line (place {place})"
         )
 
     def pass_turn(self, kind: str, name: str) -> None:
         """Tell the first waiters of the line (kind, name) that it may be their turn
         (PostgreSQL; elsewhere they look): a turn its waiter did not take, passed on."""
         run_repeatable(
-            self.alias, lambda d, c: d.pass_turn(c, kind=kind, name=name), what=f"passing a turn in line {kind}"
+            self.alias, lambda d, c: d.line.pass_turn(c, kind=kind, name=name), what=f"passing a turn in line {kind}"
         )
 
     def purge_line(self, kind: str, name: str) -> None:
         """Drop the line's expired places (dead or paused waiters)."""
-        run_repeatable(self.alias, lambda d, c: d.purge_line(c, kind=kind, name=name), what=f"purging line {kind}")
+        run_repeatable(self.alias, lambda d, c: d.line.purge_line(c, kind=kind, name=name), what=f"purging line {kind}")
 
     def purge_lines(self) -> int:
         """Drop every line's expired places (lines nobody enters again too); how many."""
-        return run_repeatable(self.alias, lambda d, c: d.purge_lines(c), what="purging the lines")
+        return run_repeatable(self.alias, lambda d, c: d.line.purge_lines(c), what="purging the lines")
 
     def look(self, kind: str, name: str, *, turn: Turn, where: str | None, shared: bool = False) -> Look:
         """A waiter's look at its line (reads only; ``shared``: as a reader of an rwlock)."""
         return run_repeatable(
             self.alias,
-            lambda d, c: d.look(c, kind=kind, name=name, turn=turn, where=where, shared=shared),
+            lambda d, c: d.line.look(c, kind=kind, name=name, turn=turn, where=where, shared=shared),
             what=f"looking at line {kind}",
         )
 
@@ -130,6 +130,6 @@ class LineOperations:
         """The first ``limit`` live places of the line, in the order of service."""
         return run_repeatable(
             self.alias,
-            lambda d, c: d.line_waiters(c, kind=kind, name=name, limit=limit),
+            lambda d, c: d.line.line_waiters(c, kind=kind, name=name, limit=limit),
             what=f"reading line {kind}",
         )

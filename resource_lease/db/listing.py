@@ -41,7 +41,7 @@ def rendered(vendor: str) -> dict[str, str]:
     statement whose other forms differ has them there too: ``NAME+newcomer`` (a newcomer's
     first try, UNMARKED for LINE_CLEAR), ``NAME+where`` (with a caller's ``where=``),
     ``NAME+target`` (with a caller's ``target=``) and their combinations;
-    ``NAME+leaving`` a waiter's grant that leaves its place too (``Dialect.leaving``)."""
+    ``NAME+leaving`` a waiter's grant that leaves its place too (``LineStatements.leaving``)."""
     handler = ConnectionHandler({"default": {"ENGINE": BACKENDS[vendor], "NAME": "listing"}})
     dialect = dialect_class(vendor)(handler["default"])
     sql = dict(dialect.sql)
@@ -49,9 +49,9 @@ def rendered(vendor: str) -> dict[str, str]:
         for name, text in dialect.forms[form].items():
             if text != dialect.sql[name]:
                 sql[f"{name}{suffix}"] = text
-    for (name, filtered, targeted), text in dialect.leaving.items():
+    for (name, filtered, targeted), text in dialect.line.leaving.items():
         # A named row's grant has no where= nor target: its other forms are the same.
-        if not (filtered or targeted) or text != dialect.leaving[name, False, False]:
+        if not (filtered or targeted) or text != dialect.line.leaving[name, False, False]:
             sql[f"{name}+leaving{'+where' if filtered else ''}{'+target' if targeted else ''}"] = text
     return sql
 

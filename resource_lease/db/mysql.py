@@ -34,7 +34,8 @@ from resource_lease.db import terms as term_sql
 from resource_lease.db import topics as topic_sql
 from resource_lease.db.base import Dialect, Failure, Row
 from resource_lease.db.clock import NOW_SQL
-from resource_lease.db.line import NEWCOMER, Turn
+from resource_lease.db.grants import LeaseStatements
+from resource_lease.db.line import NEWCOMER, Turn, own
 from resource_lease.db.statements import Returning
 
 ACQUIRE_INDEX = "resource_lease_acquire_idx"  # models.Resource.Meta.indexes
@@ -205,6 +206,116 @@ TEMPLATES: dict[str, str | Returning] = {
 }
 
 
+class MySQLLeases(LeaseStatements):
+    """The lease statements on MySQL/MariaDB: the probe hands back what it decided through
+    LAST_INSERT_ID, and the scan picks its row in a derived table (ACQUIRE_SCAN above)."""
+
+    d: MySQLDialect
+
+    def grant_sampled(
+        self,
+        cursor: Any,
+        *,
+        sampled: Row,
+        kind: str,
+        holder: str,
+        token: str,
+        ttl: float,
+        clock: Any,
+        turn: Turn = NEWCOMER,
+        where: str | None = None,
+    ) -> Row | None:
+        """The probe's grant in one statement and no read: the row is the sample's, with what
+        the grant wrote put in.
+
+        The UPDATE is the grant's, by primary key and conditional on the row being free and
+        the caller's turn; it also hands back, in LAST_INSERT_ID (which the client reads from
+        the statement's OK packet), the new fence, whether it took an expired lease over, and
+        the low 24 bits of the database's clock in microseconds (``PROBE_PACKED``). The
+        clock's high bits come from the sample's reading of the database's clock (``clock``,
+        at most PROBE_REFRESH old, carried forward by this machine's monotonic clock): the 24
+        bits span 16.8 s, so the result is exact while the estimate is within 8 s.
+        ``acquired_at``, ``renewed_at`` and ``busy_before`` (that time plus the ttl in
+        microseconds, the server's own arithmetic) are then exactly what the server wrote.
+        The payload (name, data) is the sample's, so an operator's new URL shows up within
+        PROBE_REFRESH. A take-over, a clock estimate too far out and a fence past 2**37 read
+        the row back instead. ``previous_holder`` and the health columns are left for Django to
+        load on first access (``DEFERRED``).
+        """
+        d = self.d
+        ttl_us = d.ttl_param(ttl)
+        # MariaDB: no lock wait for this statement alone.
+        in_line = turn.forms[0]  # a probe is a guess: the scan after it tries the line form
+        sql = d.statement(
+            "GRANT_PROBE_NOWAIT" if d.mariadb else "GRANT_PROBE", where, in_line=in_line, target=turn.target
+        )
+        params = (
+            *self.grant_params(holder, token, ttl_us, turn),
+            sampled[0],
+            *self.grantable(kind, turn, where, in_line=in_line),
+        )
+        try:
+            cursor.execute(sql, params)
+        except Exception as exc:
+            if _found_row_locked(exc):
+                return None  # another transaction has the row locked: a miss, the scan skips it
+            raise
+        if cursor.rowcount != 1:
+            return None
+        packed = int(cursor.lastrowid or 0)
+        fence, taken, low = packed >> _FENCE_SHIFT, packed >> _CLOCK_BITS & 1, packed & _CLOCK_MASK
+        granted_at = _unfold(low, clock.now()) if packed and not taken else None
+        if granted_at is None:
+            cursor.execute(d.sql["PROBE_READ_BACK"], (sampled[0], token))
+            rows = cursor.fetchall()
+            return rows[0] if rows else None
+        row = list(sampled)
+        at = d.at
+        row[at["took_over"]] = False
+        row[at["previous_holder"]] = DEFERRED
+        # The sample's health may be PROBE_REFRESH old: loaded on first access (``Lease.probation``).
+        row[at["health_score"]] = row[at["backoff_level"]] = row[at["backoff_seconds"]] = DEFERRED
+        row[at["fence"]] = fence
+        row[at["holder"]] = holder
+        row[at["grant_token"]] = token
+        row[at["acquired_at"]] = row[at["renewed_at"]] = granted_at
+        row[at["busy_before"]] = granted_at + dt.timedelta(microseconds=ttl_us)
+        row[at["released_at"]] = None
+        row[at["lock_delay"]] = float(turn.lock_delay)
+        return row
+
+    def acquire(
+        self,
+        cursor: Any,
+        *,
+        kind: str,
+        holder: str,
+        token: str,
+        ttl: float,
+        turn: Turn = NEWCOMER,
+        where: str | None = None,
+    ) -> Row | None:
+        d = self.d
+        grant = self.grant_params(holder, token, d.ttl_param(ttl), turn)
+        for in_line in turn.forms:
+            if in_line:
+                row = acquire_in_line(d, cursor, kind=kind, grant=grant, token=token, turn=turn, where=where)
+                if row is not None:
+                    return row
+                continue
+            grantable = self.grantable(kind, turn, where, in_line=in_line)
+            if d.skip_locked:
+                sql = d.statement("ACQUIRE_SCAN_SKIP_LOCKED", where, in_line=in_line, target=turn.target)
+                params = (*grantable, *grant)
+            else:
+                sql = d.statement("ACQUIRE_SCAN", where, in_line=in_line, target=turn.target)
+                params = (*grant, *grantable)
+            row = d.returning_row(cursor, sql, params, read_params=(token,))
+            if row is not None:
+                return row
+        return None
+
+
 class MySQLDialect(Dialect):
     vendor = "mysql"
     # UTC whatever the session time zone (NOW() follows the session's zone), with
@@ -216,11 +327,12 @@ class MySQLDialect(Dialect):
     templates, item_templates, topic_templates = TEMPLATES, item_sql.MYSQL_TEMPLATES, topic_sql.MYSQL_TEMPLATES
     counter_templates, term_templates = counter_sql.MYSQL_TEMPLATES, term_sql.MYSQL_TEMPLATES
     returning_template = RETURNING
+    leases_part = MySQLLeases
     where_types = {"str": "STRING", "int": "INTEGER", "true": "BOOLEAN", "false": "BOOLEAN", "null": "NULL"}
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         super().__init__(connection)
-        self._at = {name: i for i, name in enumerate(self.attnames)}
+        self.at = {name: i for i, name in enumerate(self.attnames)}
         # Several nodes of one Galera cluster: this connection moves between them.
         hosts = galera.cluster_hosts(connection.settings_dict)
         self.rotation = galera.HostRotation(hosts) if len(hosts) > 1 else None
@@ -306,79 +418,6 @@ class MySQLDialect(Dialect):
         rows = cursor.fetchall()
         return rows[0] if matched and rows else None
 
-    # -- the probe: a grant that hands back what it decided through LAST_INSERT_ID --------------
-
-    def grant_sampled(
-        self,
-        cursor: Any,
-        *,
-        sampled: Row,
-        kind: str,
-        holder: str,
-        token: str,
-        ttl: float,
-        clock: Any,
-        turn: Turn = NEWCOMER,
-        where: str | None = None,
-    ) -> Row | None:
-        """The probe's grant in one statement and no read: the row is the sample's, with what
-        the grant wrote put in.
-
-        The UPDATE is the grant's, by primary key and conditional on the row being free and
-        the caller's turn; it also hands back, in LAST_INSERT_ID (which the client reads from
-        the statement's OK packet), the new fence, whether it took an expired lease over, and
-        the low 24 bits of the database's clock in microseconds (``PROBE_PACKED``). The
-        clock's high bits come from the sample's reading of the database's clock (``clock``,
-        at most PROBE_REFRESH old, carried forward by this machine's monotonic clock): the 24
-        bits span 16.8 s, so the result is exact while the estimate is within 8 s.
-        ``acquired_at``, ``renewed_at`` and ``busy_before`` (that time plus the ttl in
-        microseconds, the server's own arithmetic) are then exactly what the server wrote.
-        The payload (name, data) is the sample's, so an operator's new URL shows up within
-        PROBE_REFRESH. A take-over, a clock estimate too far out and a fence past 2**37 read
-        the row back instead. ``previous_holder`` and the health columns are left for Django to
-        load on first access (``DEFERRED``).
-        """
-        ttl_us = self.ttl_param(ttl)
-        # MariaDB: no lock wait for this statement alone.
-        in_line = turn.forms[0]  # a probe is a guess: the scan after it tries the line form
-        sql = self.statement(
-            "GRANT_PROBE_NOWAIT" if self.mariadb else "GRANT_PROBE", where, in_line=in_line, target=turn.target
-        )
-        params = (
-            *self.grant_params(holder, token, ttl_us, turn),
-            sampled[0],
-            *self.grantable(kind, turn, where, in_line=in_line),
-        )
-        try:
-            cursor.execute(sql, params)
-        except Exception as exc:
-            if _found_row_locked(exc):
-                return None  # another transaction has the row locked: a miss, the scan skips it
-            raise
-        if cursor.rowcount != 1:
-            return None
-        packed = int(cursor.lastrowid or 0)
-        fence, taken, low = packed >> _FENCE_SHIFT, packed >> _CLOCK_BITS & 1, packed & _CLOCK_MASK
-        granted_at = _unfold(low, clock.now()) if packed and not taken else None
-        if granted_at is None:
-            cursor.execute(self.sql["PROBE_READ_BACK"], (sampled[0], token))
-            rows = cursor.fetchall()
-            return rows[0] if rows else None
-        row = list(sampled)
-        at = self._at
-        row[at["took_over"]] = False
-        row[at["previous_holder"]] = DEFERRED
-        # The sample's health may be PROBE_REFRESH old: loaded on first access (``Lease.probation``).
-        row[at["health_score"]] = row[at["backoff_level"]] = row[at["backoff_seconds"]] = DEFERRED
-        row[at["fence"]] = fence
-        row[at["holder"]] = holder
-        row[at["grant_token"]] = token
-        row[at["acquired_at"]] = row[at["renewed_at"]] = granted_at
-        row[at["busy_before"]] = granted_at + dt.timedelta(microseconds=ttl_us)
-        row[at["released_at"]] = None
-        row[at["lock_delay"]] = float(turn.lock_delay)
-        return row
-
     @property
     def mariadb(self) -> bool:
         """Whether the server is MariaDB (Django reads it once per connection)."""
@@ -389,36 +428,6 @@ class MySQLDialect(Dialect):
         """Whether the server skips locked rows (MariaDB 10.6+, MySQL 8; Django reads the
         server's version once per connection)."""
         return bool(self.connection.features.has_select_for_update_skip_locked)
-
-    def acquire(
-        self,
-        cursor: Any,
-        *,
-        kind: str,
-        holder: str,
-        token: str,
-        ttl: float,
-        turn: Turn = NEWCOMER,
-        where: str | None = None,
-    ) -> Row | None:
-        grant = self.grant_params(holder, token, self.ttl_param(ttl), turn)
-        for in_line in turn.forms:
-            if in_line:
-                row = acquire_in_line(self, cursor, kind=kind, grant=grant, token=token, turn=turn, where=where)
-                if row is not None:
-                    return row
-                continue
-            grantable = self.grantable(kind, turn, where, in_line=in_line)
-            if self.skip_locked:
-                sql = self.statement("ACQUIRE_SCAN_SKIP_LOCKED", where, in_line=in_line, target=turn.target)
-                params = (*grantable, *grant)
-            else:
-                sql = self.statement("ACQUIRE_SCAN", where, in_line=in_line, target=turn.target)
-                params = (*grant, *grantable)
-            row = self.returning_row(cursor, sql, params, read_params=(token,))
-            if row is not None:
-                return row
-        return None
 
     def claim_statement(self, name: str) -> str:
         return name if self.skip_locked else f"{name}_LOCKING"
@@ -519,11 +528,11 @@ def acquire_in_line(
         ids = list(turn.candidates)
     else:
         sql = statements.fill(dialect.statement("LINE_PICKS", where, target=turn.target), limit=str(LINE_PICK_LIMIT))
-        cursor.execute(sql, (kind, *dialect.own(where, turn.target)))
+        cursor.execute(sql, (kind, *own(where, turn.target)))
         ids = [pk for (pk,) in cursor.fetchall()]
     random.shuffle(ids)
     grant_sql = dialect.statement("GRANT_LINE_NOWAIT" if dialect.mariadb else "GRANT_BY_ID", where, target=turn.target)
-    grantable = dialect.grantable(kind, turn, where)
+    grantable = dialect.leases.grantable(kind, turn, where)
     for pk in ids[:LINE_TRIES]:
         try:
             row = dialect.returning_row(cursor, grant_sql, (*grant, pk, *grantable), read_params=(pk, token))

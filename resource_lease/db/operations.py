@@ -78,7 +78,7 @@ class Operations(
             # grant back by its token, never run the statement blindly again.
             logger.warning("connection lost while granting %r; settling by reading back: %s", kind, exc)
             row = run_repeatable(
-                self.alias, lambda d, c: d.find_grant(c, kind=kind, token=token), what="settling a grant"
+                self.alias, lambda d, c: d.leases.find_grant(c, kind=kind, token=token), what="settling a grant"
             )
             return row, True
         return row, False
@@ -114,14 +114,14 @@ class Operations(
     ) -> Grant:
         """The row ``pk`` if it is free and the caller's turn in ``line`` (the holder's lock
         step; a session's bound resource, in the row's own line)."""
-        return lambda d, c, token: d.grant(
+        return lambda d, c, token: d.leases.grant(
             c, pk=pk, kind=kind, holder=holder, token=token, ttl=ttl, turn=turn, where=where_sql, line=line
         )
 
     @staticmethod
     def grant_by_name(kind: str, name: str, *, holder: str, ttl: float, turn: Turn = NEWCOMER) -> Grant:
         """The row ``(kind, name)`` if it is free and the caller's turn (locks, elections, members)."""
-        return lambda d, c, token: d.grant_named(
+        return lambda d, c, token: d.leases.grant_named(
             c, kind=kind, name=name, holder=holder, token=token, ttl=ttl, turn=turn
         )
 
@@ -131,13 +131,15 @@ class Operations(
         """Extend a live grant of ours (repeatable); the new expiry, or None if not ours."""
         return run_repeatable(
             self.alias,
-            lambda d, c: d.renew(c, pk=pk, holder=holder, fence=fence, ttl=ttl),
+            lambda d, c: d.leases.renew(c, pk=pk, holder=holder, fence=fence, ttl=ttl),
             what=f"renewing resource {pk}",
         )
 
     def is_held(self, *, pk: int, holder: str, fence: int) -> bool:
         return run_repeatable(
-            self.alias, lambda d, c: d.is_held(c, pk=pk, holder=holder, fence=fence), what=f"checking resource {pk}"
+            self.alias,
+            lambda d, c: d.leases.is_held(c, pk=pk, holder=holder, fence=fence),
+            what=f"checking resource {pk}",
         )
 
     def release(self, *, pk: int, holder: str, fence: int) -> bool:
@@ -148,15 +150,15 @@ class Operations(
 
     def release_to_line(self, *, pk: int, holder: str, fence: int) -> tuple[bool, int]:
         """``release``, and the place in line the release handed the row to (PostgreSQL:
-        ``Dialect.hands_off``), 0 if none or not known (a settled answer)."""
+        ``LineStatements.hands_off``), 0 if none or not known (a settled answer)."""
         what = f"releasing resource {pk}"
 
         def release(d: Dialect, c: Any) -> tuple[bool, int]:
-            return d.release_to_line(c, pk=pk, holder=holder, fence=fence)
+            return d.line.release_to_line(c, pk=pk, holder=holder, fence=fence)
 
         def settle(d: Dialect, c: Any) -> tuple[bool, int]:
             released = release(d, c)
-            return released if released[0] else (d.was_released(c, pk=pk, holder=holder, fence=fence), 0)
+            return released if released[0] else (d.leases.was_released(c, pk=pk, holder=holder, fence=fence), 0)
 
         try:
             return run(self.alias, release, what=what)
@@ -168,7 +170,7 @@ class Operations(
         return bool(
             run_repeatable(
                 self.alias,
-                lambda d, c: d.write_data(c, pk=pk, holder=holder, fence=fence, data=data),
+                lambda d, c: d.leases.write_data(c, pk=pk, holder=holder, fence=fence, data=data),
                 what=f"writing resource {pk}'s data",
             )
         )
@@ -176,7 +178,7 @@ class Operations(
     # -- rows by kind and name -----------------------------------------------------------------------
 
     def kind_exists(self, kind: str) -> bool:
-        return run_repeatable(self.alias, lambda d, c: d.kind_exists(c, kind), what=f"looking up kind {kind!r}")
+        return run_repeatable(self.alias, lambda d, c: d.leases.kind_exists(c, kind), what=f"looking up kind {kind!r}")
 
     def some_kinds(self, limit: int = 5) -> list[str]:
         """Up to ``limit`` of the pools' kinds, sorted (coordination rows left out)."""
@@ -185,7 +187,7 @@ class Operations(
     def insert_missing(self, kind: str, names: Sequence[str], *, data: str = "{}") -> None:
         run_repeatable(
             self.alias,
-            lambda d, c: d.insert_missing(c, kind=kind, names=names, data=data),
+            lambda d, c: d.leases.insert_missing(c, kind=kind, names=names, data=data),
             what=f"creating {kind} rows",
         )
 
@@ -194,14 +196,16 @@ class Operations(
         clock of that read."""
 
         def read(d: Dialect, c: Any) -> tuple[list[Any], dt.datetime | None]:
-            rows, now = d.read_named(c, kind=kind, names=names)
+            rows, now = d.leases.read_named(c, kind=kind, names=names)
             return [d.to_resource(row) for row in rows], None if now is None else d.to_datetime(now)
 
         return run_repeatable(self.alias, read, what=f"reading {kind}")
 
     def limit_slots(self, kind: str, *, below: str) -> int:
         return run_repeatable(
-            self.alias, lambda d, c: d.limit_slots(c, kind=kind, below=below), what=f"setting the slots of {kind}"
+            self.alias,
+            lambda d, c: d.leases.limit_slots(c, kind=kind, below=below),
+            what=f"setting the slots of {kind}",
         )
 
     # -- notifications and configuration: statements of db/topics.py ---------------------------------

@@ -121,7 +121,7 @@ class Picker:
             rows: list[Row] = []
             clock = None
             if refresh > 0:
-                rows, db_now = dialect.free_rows(cursor, kind=kind, limit=SAMPLE_SIZE)
+                rows, db_now = dialect.leases.free_rows(cursor, kind=kind, limit=SAMPLE_SIZE)
                 clock = Clock(dialect.to_datetime(db_now), time.monotonic())
             entry = self.kinds[kind] = KindSample(
                 rows,
@@ -165,7 +165,7 @@ class Picker:
             for _ in range(PROBES if rate >= PLENTY else 1):
                 i = random.randrange(len(rows))
                 self.probes += 1
-                row = dialect.grant_sampled(
+                row = dialect.leases.grant_sampled(
                     cursor,
                     sampled=rows[i],
                     kind=kind,
@@ -197,4 +197,6 @@ class Picker:
                     entry.rows.remove(sampled)
                 if not rows:
                     break
-        return dialect.acquire(cursor, kind=kind, holder=holder, token=token, ttl=ttl, turn=turn, where=where_sql)
+        return dialect.leases.acquire(
+            cursor, kind=kind, holder=holder, token=token, ttl=ttl, turn=turn, where=where_sql
+        )

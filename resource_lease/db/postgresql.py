@@ -12,9 +12,12 @@ from resource_lease.db import dispenser as item_sql
 from resource_lease.db import statements
 from resource_lease.db import terms as term_sql
 from resource_lease.db import topics as topic_sql
+from resource_lease.db.answers import Answer
 from resource_lease.db.base import Dialect, Failure, Row
 from resource_lease.db.clock import NOW_SQL
-from resource_lease.db.line import NEWCOMER, Turn
+from resource_lease.db.grants import LeaseStatements
+from resource_lease.db.line import NEWCOMER, LineStatements, Turn
+from resource_lease.db.rwlock import RwLockStatements
 from resource_lease.db.statements import Returning
 
 # SQLSTATEs after which the statement was rolled back and can run again.
@@ -262,7 +265,7 @@ RW_TELL_AFTER = (
 # grant's hand-off costs one commit flush, not two. The DELETE reads the grant's own RETURNING
 # (the same snapshot), so a refused grant leaves nothing. The grant's row comes with one more
 # column: whether the place was there to delete (0: a release handed it a row a moment before,
-# which its waiter gives back: ``LineStatements.found_gone``). (the grant's parameters, place id)
+# which its waiter gives back: ``line.Waiting.cleanup``). (the grant's parameters, place id)
 LEAVING_LINE = (
     "WITH g AS ({grant}), gone AS (DELETE FROM {waiters} WHERE id = {p} AND EXISTS (SELECT 1 FROM g) RETURNING id)"
     " SELECT g.*, (SELECT COUNT(*) FROM gone) FROM g"
@@ -294,6 +297,124 @@ TEMPLATES: dict[str, str | Returning] = {
 }
 
 
+class PostgreSQLLeases(LeaseStatements):
+    """The lease statements on PostgreSQL: the probe's own statement (GRANT_SAMPLED), and a
+    release that hands its row to the head of its line (``PostgreSQLLine.release_to_line``)."""
+
+    def grant_sampled(
+        self,
+        cursor: Any,
+        *,
+        sampled: Row,
+        kind: str,
+        holder: str,
+        token: str,
+        ttl: float,
+        clock: Any,
+        turn: Turn = NEWCOMER,
+        where: str | None = None,
+    ) -> Row | None:
+        in_line = turn.forms[0]  # a probe is a guess: the scan after it tries the line form
+        return self.grant_row(
+            cursor,
+            "GRANT_SAMPLED",
+            (
+                *self.grant_params(holder, token, self.d.ttl_param(ttl), turn),
+                sampled[0],
+                *self.grantable(kind, turn, where, in_line=in_line),
+            ),
+            turn=turn,
+            where=where,
+            in_line=in_line,
+        )
+
+    def release(self, cursor: Any, *, pk: int, holder: str, fence: int) -> bool:
+        return self.d.line.release_to_line(cursor, pk=pk, holder=holder, fence=fence)[0]
+
+
+class PostgreSQLLine(LineStatements):
+    """The line on PostgreSQL: a release hands its row to the head of the line in its own
+    statement (RELEASE), and the grant of a waiter in the line form leaves its place in the
+    same statement (LEAVING_LINE)."""
+
+    hands_off = True
+    #: Whether a release that told nobody of a marked row tells its turns again after its
+    #: commit (TELL_TURNS_AFTER); off only for the negative control of tests/test_release_race.py.
+    tells_again = True
+
+    def __init__(self, dialect: Dialect) -> None:
+        super().__init__(dialect)
+        pieces = dialect.pieces()
+        self.leaving = {
+            (name, filtered, targeted): LEAVING_LINE.format(
+                grant=dialect.forms[True, filtered, targeted][name], **pieces
+            )
+            for name in LEAVING_GRANTS
+            for filtered in (False, True)
+            for targeted in (False, True)
+        }
+
+    def release_to_line(self, cursor: Any, *, pk: int, holder: str, fence: int) -> tuple[bool, int]:
+        if self.d.execute(cursor, "RELEASE_UNMARKED", (pk, holder, fence), answer=Answer.CHANGED_ONE):
+            return True, 0
+        # Autocommit (``connections.run``): RELEASE has committed when the second statement
+        # takes its snapshot.
+        rows = self.d.execute(cursor, "RELEASE", (pk, pk, holder, fence), answer=Answer.ROWS)
+        if not rows:
+            return False, 0
+        told, handed_to = rows[0]
+        if told == 0 and not handed_to and self.tells_again:
+            self.d.execute(cursor, "TELL_TURNS_AFTER", (pk,), answer=Answer.ROWS)
+        return True, int(handed_to)
+
+    def handed_row(self, grant: Sequence[Any], *, holder: str, token: str) -> Row | None:
+        # HANDED_GRANT: [place, kind, line name, row id, fence, name, previous holder,
+        # acquired_at, busy_before, data]. The columns it does not carry load on first access.
+        try:
+            _, kind, _, pk, fence, name, previous, acquired, busy, data = grant
+            values = {
+                "id": int(pk),
+                "kind": str(kind),
+                "name": str(name),
+                "data": DEFERRED if data is None else str(data),
+                "enabled": True,  # HEAD_OF_LINE hands only an enabled row
+                "busy_before": _aware(busy),
+                "holder": holder,
+                "fence": int(fence),
+                "grant_token": token,
+                "acquired_at": _aware(acquired),
+                "renewed_at": _aware(acquired),
+                "released_at": None,
+                "took_over": False,
+                "previous_holder": str(previous),
+                "lock_delay": 0.0,
+            }
+        except (TypeError, ValueError):
+            return None  # not what RELEASE sends: read the grant instead
+        return tuple(values.get(name, DEFERRED) for name in self.d.attnames)
+
+    def claim_handed(self, cursor: Any, *, kind: str, token: str, pk: int = 0) -> tuple[Row, float] | None:
+        if pk:
+            rows = self.d.execute(cursor, "CLAIM_HANDED_BY_ID", (pk, token), answer=Answer.ROWS)
+        else:
+            rows = self.d.execute(cursor, "CLAIM_HANDED", (kind, token), answer=Answer.ROWS)
+        return (tuple(rows[0][:-1]), float(rows[0][-1])) if rows else None
+
+
+class PostgreSQLRw(RwLockStatements):
+    """An rwlock's statements on PostgreSQL: the last reader's release tells the writers
+    waiting (RW_READ_RELEASE)."""
+
+    def read_release(self, cursor: Any, *, pk: int, fence: int) -> bool:
+        rows = self.d.execute(cursor, "RW_READ_RELEASE", (pk, fence), answer=Answer.ROWS)
+        if not rows:
+            return False
+        told, last_of_marked = rows[0]
+        if told == 0 and last_of_marked and PostgreSQLLine.tells_again:
+            self.d.execute(cursor, "RW_TELL_AFTER", (pk,), answer=Answer.ROWS)
+        return True
+
+
 class PostgreSQLDialect(Dialect):
     vendor = "postgresql"
     # statement_timestamp() is the statement's start even inside a transaction (now() is
@@ -310,17 +431,9 @@ class PostgreSQLDialect(Dialect):
     json_cast = "CAST({} AS jsonb)"
     where_types = {"str": "string", "int": "number", "true": "boolean", "false": "boolean", "null": "null"}
     line_channel = LINE_CHANNEL
-    hands_off = True
-
-    def __init__(self, connection: Any) -> None:
-        super().__init__(connection)
-        pieces = self.pieces()
-        self.leaving = {
-            (name, filtered, targeted): LEAVING_LINE.format(grant=self.forms[True, filtered, targeted][name], **pieces)
-            for name in LEAVING_GRANTS
-            for filtered in (False, True)
-            for targeted in (False, True)
-        }
+    leases_part = PostgreSQLLeases
+    line_part = PostgreSQLLine
+    rw_part = PostgreSQLRw
 
     def pieces(self) -> dict[str, str]:
         return {
@@ -348,78 +461,6 @@ class PostgreSQLDialect(Dialect):
             f" WHERE NOT COALESCE(jsonb_typeof({data}->f.k) = f.t AND (f.t = 'null' OR ({data}->>f.k) = f.s),"
             " FALSE))"
         )
-
-    def release(self, cursor: Any, *, pk: int, holder: str, fence: int) -> bool:
-        return self.release_to_line(cursor, pk=pk, holder=holder, fence=fence)[0]
-
-    #: Whether a release that told nobody of a marked row tells its turns again after its
-    #: commit (TELL_TURNS_AFTER); off only for the negative control of tests/test_release_race.py.
-    tells_again = True
-    #: Whether a release tries the plain statement first (RELEASE_UNMARKED); off only to
-    #: measure the saving (``cycle_cost``) and in tests.
-    releases_plainly = True
-
-    def release_to_line(self, cursor: Any, *, pk: int, holder: str, fence: int) -> tuple[bool, int]:
-        if self.releases_plainly:
-            cursor.execute(self.sql["RELEASE_UNMARKED"], (pk, holder, fence))
-            if cursor.rowcount == 1:
-                return True, 0
-        # Autocommit (``connections.run``): RELEASE has committed when the second statement
-        # takes its snapshot.
-        cursor.execute(self.sql["RELEASE"], (pk, pk, holder, fence))
-        rows = cursor.fetchall()
-        if not rows:
-            return False, 0
-        told, handed_to = rows[0]
-        if told == 0 and not handed_to and self.tells_again:
-            cursor.execute(self.sql["TELL_TURNS_AFTER"], (pk,))
-            cursor.fetchall()
-        return True, int(handed_to)
-
-    def handed_row(self, grant: Sequence[Any], *, holder: str, token: str) -> Row | None:
-        # HANDED_GRANT: [place, kind, line name, row id, fence, name, previous holder,
-        # acquired_at, busy_before, data]. The columns it does not carry load on first access.
-        try:
-            _, kind, _, pk, fence, name, previous, acquired, busy, data = grant
-            values = {
-                "id": int(pk),
-                "kind": str(kind),
-                "name": str(name),
-                "data": DEFERRED if data is None else str(data),
-                "enabled": True,  # HEAD_OF_LINE hands only an enabled row
-                "busy_before": _aware(busy),
-                "holder": holder,
-                "fence": int(fence),
-                "grant_token": token,
-                "acquired_at": _aware(acquired),
-                "renewed_at": _aware(acquired),
-                "released_at": None,
-                "took_over": False,
-                "previous_holder": str(previous),
-                "lock_delay": 0.0,
-            }
-        except (TypeError, ValueError):
-            return None  # not what RELEASE sends: read the grant instead
-        return tuple(values.get(name, DEFERRED) for name in self.attnames)
-
-    def claim_handed(self, cursor: Any, *, kind: str, token: str, pk: int = 0) -> tuple[Row, float] | None:
-        if pk:
-            cursor.execute(self.sql["CLAIM_HANDED_BY_ID"], (pk, token))
-        else:
-            cursor.execute(self.sql["CLAIM_HANDED"], (kind, token))
-        rows = cursor.fetchall()
-        return (tuple(rows[0][:-1]), float(rows[0][-1])) if rows else None
-
-    def read_release(self, cursor: Any, *, pk: int, fence: int) -> bool:
-        cursor.execute(self.sql["RW_READ_RELEASE"], (pk, fence))
-        rows = cursor.fetchall()
-        if not rows:
-            return False
-        told, last_of_marked = rows[0]
-        if told == 0 and last_of_marked and self.tells_again:
-            cursor.execute(self.sql["RW_TELL_AFTER"], (pk,))
-            cursor.fetchall()
-        return True
 
     def setup_session(self, raw_connection: Any, lock_wait_timeout: float) -> None:
         with raw_connection.cursor() as cursor:
@@ -450,33 +491,6 @@ class PostgreSQLDialect(Dialect):
         if prepared and "server_side_binding" not in options and "prepare_threshold" not in options:
             options["server_side_binding"] = True
             options["prepare_threshold"] = PREPARE_THRESHOLD
-
-    def grant_sampled(
-        self,
-        cursor: Any,
-        *,
-        sampled: Row,
-        kind: str,
-        holder: str,
-        token: str,
-        ttl: float,
-        clock: Any,
-        turn: Turn = NEWCOMER,
-        where: str | None = None,
-    ) -> Row | None:
-        in_line = turn.forms[0]  # a probe is a guess: the scan after it tries the line form
-        return self.grant_row(
-            cursor,
-            "GRANT_SAMPLED",
-            (
-                *self.grant_params(holder, token, self.ttl_param(ttl), turn),
-                sampled[0],
-                *self.grantable(kind, turn, where, in_line=in_line),
-            ),
-            turn=turn,
-            where=where,
-            in_line=in_line,
-        )
 
     def classify(self, exc: BaseException) -> Failure:
         import psycopg

@@ -21,12 +21,12 @@ logger = logging.getLogger("resource_lease")
 
 def grant_read(kind: str, name: str, *, holder: str, ttl: float, turn: Turn = NEWCOMER) -> Grant:
     """A read grant of the rwlock's row ``(kind, name)`` with the caller's ``turn``."""
-    return lambda d, c, token: d.grant_read(c, kind=kind, name=name, holder=holder, token=token, ttl=ttl, turn=turn)
+    return lambda d, c, token: d.rw.grant_read(c, kind=kind, name=name, holder=holder, token=token, ttl=ttl, turn=turn)
 
 
 def grant_write(kind: str, name: str, *, holder: str, ttl: float, turn: Turn = NEWCOMER) -> Grant:
     """A write grant of the rwlock's row ``(kind, name)`` with the caller's ``turn``."""
-    return lambda d, c, token: d.grant_write(c, kind=kind, name=name, holder=holder, token=token, ttl=ttl, turn=turn)
+    return lambda d, c, token: d.rw.grant_write(c, kind=kind, name=name, holder=holder, token=token, ttl=ttl, turn=turn)
 
 
 class ReaderOperations(Operations):
@@ -38,19 +38,21 @@ class ReaderOperations(Operations):
         """Keep a live read grant (repeatable: it only pushes the period's expiry); the
         period's expiry, or None if the grant is gone."""
         return run_repeatable(
-            self.alias, lambda d, c: d.read_renew(c, pk=pk, fence=fence, ttl=ttl), what=f"renewing read grant {fence}"
+            self.alias,
+            lambda d, c: d.rw.read_renew(c, pk=pk, fence=fence, ttl=ttl),
+            what=f"renewing read grant {fence}",
         )
 
     def is_held(self, *, pk: int, holder: str, fence: int) -> bool:
         return run_repeatable(
-            self.alias, lambda d, c: d.read_is_held(c, pk=pk, fence=fence), what=f"checking read grant {fence}"
+            self.alias, lambda d, c: d.rw.read_is_held(c, pk=pk, fence=fence), what=f"checking read grant {fence}"
         )
 
     def release(self, *, pk: int, holder: str, fence: int) -> bool:
         """Give a read grant back: True if it was live. Run once (see the module's docstring)."""
         try:
             return run(
-                self.alias, lambda d, c: d.read_release(c, pk=pk, fence=fence), what=f"releasing read grant {fence}"
+                self.alias, lambda d, c: d.rw.read_release(c, pk=pk, fence=fence), what=f"releasing read grant {fence}"
             )
         except Disconnected as exc:
             logger.warning("connection lost releasing read grant %s; it ends with its read period: %s", fence, exc)

@@ -15,7 +15,7 @@ the database (``models.Waiter``):
    conditional statement still decides every race.
 3. It learns of its turn promptly. A release in this process wakes its waiters at once; on
    PostgreSQL the release's own statement NOTIFYs the line (``db/listen.py``: one LISTEN
-   connection per process); elsewhere the first waiter looks at its line (``Dialect.look``,
+   connection per process); elsewhere the first waiter looks at its line (``LineStatements.look``,
    one indexed read) every ``LINE_POLL`` seconds and those behind it less often. Every waiter
    also looks at least every ``LINE_POLL_MAX`` and at the moment the first held row of its
    line expires (a holder that died), so a missed wake-up costs time, never the turn.

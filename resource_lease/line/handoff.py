@@ -1,4 +1,4 @@
-"""Taking a grant a release handed to a place (PostgreSQL's RELEASE, ``Dialect.hands_off``).
+"""Taking a grant a release handed to a place (PostgreSQL's RELEASE, ``LineStatements.hands_off``).
 
 A waiter first in line whose place takes hand-offs (``Wait.make`` is given, so its place has
 a token) may be granted the row by the release itself, in the release's own statement: the
@@ -61,7 +61,7 @@ def _as_told(engine: Any, place: Place, grant: Any, *, ttl: float, holder: str) 
     it: at least HANDED_UNREAD_MIN of its ttl left counted from when the place was taken."""
     if not grant or place.entered_at + ttl - time.monotonic() < HANDED_UNREAD_MIN * ttl:
         return None
-    row: Sequence[Any] | None = engine.dialect.handed_row(grant, holder=holder, token=place.token)
+    row: Sequence[Any] | None = engine.dialect.line.handed_row(grant, holder=holder, token=place.token)
     return row
 
 

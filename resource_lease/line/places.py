@@ -64,7 +64,7 @@ class Place:
         self.priority = priority
         self.ttl = ttl
         #: A release may hand this place a row in its own statement, held under ``token``
-        #: (``Dialect.hands_off``): a place found gone may have been served.
+        #: (``LineStatements.hands_off``): a place found gone may have been served.
         self.token = token
         self.turn = Turn(place, priority)
         #: When (monotonic) its waiter sent the ENTER_LINE that took it: a grant a release
@@ -74,7 +74,7 @@ class Place:
         #: Found gone by its renewal, handed a row or expired (``mark_gone``).
         self.gone = False
         #: A grant with this place is being tried (``Waiting.steps``): on PostgreSQL a grant
-        #: deletes its place as it commits (``Dialect.leaving``), so a renewal meanwhile that
+        #: deletes its place as it commits (``LineStatements.leaving``), so a renewal meanwhile that
         #: finds it gone does not know yet whether it was served or had expired.
         self.attempting = False
         self._gone_while_attempting = False
@@ -211,7 +211,7 @@ def enter(
     marked_at = fresh_mark(line, where, ttl, sent_at)
     mark = marked_at is None
     engine = ops(line.alias)
-    token = secrets.token_hex(16) if handoff and engine.dialect.hands_off else ""
+    token = secrets.token_hex(16) if handoff and engine.dialect.line.hands_off else ""
     place = engine.enter_line(
         line.kind,
         line.name,

@@ -307,11 +307,11 @@ def test_a_grant_held_up_leaving_the_line_past_its_ttl_is_not_handed_out(
     make_pool("late-leave", 1)
     first = acquire("late-leave", ttl=30)  # the row is taken: the child waits in line
     env = _through(proxy) | ({} if engine else {"FAULTS_HAND_OUT_LATE": "1"})
-    if lease_connection("default").dialect.hands_off:
+    if lease_connection("default").dialect.line.hands_off:
         env["FAULTS_READ_HANDED"] = "1"
     late = start_holder("late-leave", ttl, auto_renew=False, timeout=ttl + 9, env=env)
     _until_in_line("late-leave", late)
-    if lease_connection("default").dialect.hands_off:
+    if lease_connection("default").dialect.line.hands_off:
         proxy.arm(b"EXTRACT(EPOCH FROM busy_before", b"grant_token =", hold=ttl + 2.0)  # its claim's answer
     else:
         proxy.arm(b"DELETE FROM", b"WHERE id =", hold=ttl + 2.0)  # the child's LEAVE_LINE
@@ -375,7 +375,7 @@ def test_a_place_left_while_the_database_was_away_is_left_once_it_answers(
             time.sleep(0.05)
         assert kept["leaves_retried"] == 1 and kept["leaves_pending"] == 0, kept
         # PostgreSQL's release handed the row to the place left behind: given back.
-        assert kept["handed_back"] == int(lease_connection("default").dialect.hands_off), kept
+        assert kept["handed_back"] == int(lease_connection("default").dialect.line.hands_off), kept
     else:
         assert newcomer is None, "the control's place left behind kept nobody out"
 

@@ -100,9 +100,9 @@ def setup() -> None:
 def _never_settle() -> None:
     """The negative control of the unknown-outcome scenario: an engine that, after losing the
     connection during an acquire, does not read the grant back (finds nothing)."""
-    from resource_lease.db.base import Dialect
+    from resource_lease.db.grants import LeaseStatements
 
-    Dialect.find_grant = lambda self, cursor, *, kind, token: None  # type: ignore[method-assign]
+    LeaseStatements.find_grant = lambda self, cursor, *, kind, token: None  # type: ignore[method-assign]
 
 
 def _probe_sessions() -> None:

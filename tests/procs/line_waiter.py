@@ -69,9 +69,9 @@ def take_no_handoffs() -> None:
     """This process's waiters take no grant a release would hand them (PostgreSQL's RELEASE
     hands a row to the head of its line only if the head takes hand-offs): they run their own
     grant statements, which the controls break, as the engine did before hand-offs."""
-    from resource_lease.db.postgresql import PostgreSQLDialect
+    from resource_lease.db.postgresql import PostgreSQLLine
 
-    PostgreSQLDialect.hands_off = False
+    PostgreSQLLine.hands_off = False
 
 
 #: LINE_CLEAR as it was at first (the negative control of the pool's room): no live waiter

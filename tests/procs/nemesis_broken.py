@@ -33,7 +33,7 @@ _init = Dialect.__init__
 def _free_always(self: Dialect, connection: Any) -> None:
     _init(self, connection)
     expired = f"busy_before <= {self.now_sql}"
-    for table in (self.sql, *self.forms.values()):
+    for table in (self.sql, *self.forms.values(), self.line.leaving):
         for name, text in table.items():
             if isinstance(text, str) and expired in text:
                 table[name] = text.replace(expired, "busy_before IS NOT NULL")

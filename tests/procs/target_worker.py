@@ -42,9 +42,9 @@ def blind(dialect: Any, patch: Any = None) -> None:
             if in_line and cools in sql:
                 setitem(statements, name, sql.replace(cools, "(1 = 0)"))
                 blinded += 1
-    for key, sql in list(dialect.leaving.items()):  # PostgreSQL: a waiter's grants that leave its place
+    for key, sql in list(dialect.line.leaving.items()):  # PostgreSQL: a waiter's grants that leave its place
         if cools in sql:
-            setitem(dialect.leaving, key, sql.replace(cools, "(1 = 0)"))
+            setitem(dialect.line.leaving, key, sql.replace(cools, "(1 = 0)"))
     assert blinded, "no statement tests a waiter's cooldowns"
 
 

@@ -128,7 +128,7 @@ class Command(BaseCommand):
             if row is None:
                 raise RuntimeError(f"nothing of {KIND!r} was free for one process alone")
             resource = dialect.to_resource(row)
-            if not dialect.release(cursor, pk=resource.pk, holder=holder, fence=resource.fence):
+            if not dialect.leases.release(cursor, pk=resource.pk, holder=holder, fence=resource.fence):
                 raise RuntimeError("the release of a grant just made matched nothing")
 
         def engine() -> None:
