@@ -164,7 +164,7 @@ def policy_of(alias: str, kind: str) -> Policy:
         cached = _cache.get((alias, kind))
     if cached is not None and now - cached[0] < POLICY_CACHE:
         return cached[1]
-    policy = _from_row(kind, ops(alias).read_policy(kind))
+    policy = _from_row(kind, ops(alias).health.read_policy(kind))
     with _cache_lock:
         _cache[(alias, kind)] = (now, policy)
     return policy
@@ -267,7 +267,7 @@ def level_of(lease: Any) -> int:
     carry it, read on first use on the engine's connection (not a snapshot of the caller's
     transaction): before any report of this grant, only a report could have changed it."""
     if lease.granted_level is None:
-        lease.granted_level = ops(lease.using).read_level(lease.resource.pk)
+        lease.granted_level = ops(lease.using).health.read_level(lease.resource.pk)
     return int(lease.granted_level)
 
 
@@ -289,10 +289,12 @@ def report(lease: Any, outcome: str, retry_after: float | None) -> Health:
     key = {"pk": lease.resource.pk, "holder": lease.holder, "fence": lease.fence}
     level = level_of(lease)
     if outcome == "ok":
-        health = ops(lease.using).report_ok(**key, probation=lease.probation, level=level, decay=policy.error_decay)
+        health = ops(lease.using).health.report_ok(
+            **key, probation=lease.probation, level=level, decay=policy.error_decay
+        )
     else:
         base, cap = policy.backoff
-        health = ops(lease.using).report_failure(
+        health = ops(lease.using).health.report_failure(
             **key,
             probation=lease.probation,
             level=level,
@@ -347,7 +349,7 @@ def retire_due(lease: Any, policy: Policy) -> bool:
     if policy.max_age is not None:
         why.append(f"max_age {policy.max_age:g}s")
     reason = f"retired by its policy ({' or '.join(why)} reached)"
-    retired = ops(lease.using).retire(
+    retired = ops(lease.using).health.retire(
         pk=lease.resource.pk,
         max_uses=max_uses,
         max_age=_NO_MAX_AGE if policy.max_age is None else policy.max_age,

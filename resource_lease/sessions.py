@@ -41,7 +41,7 @@ class Bound:
 def bound(alias: str, kind: str, session: str, *, idle: float, where: Any, target: str | None) -> Bound:
     """The live binding of ``session`` in ``kind``, judged for a call with ``where`` and
     ``target`` (one read, by the database's clock: ``db/sessions.py``'s BINDING_READ)."""
-    found = ops(alias).read_binding(kind=kind, session=session, idle=idle, target=target)
+    found = ops(alias).sessions.read_binding(kind=kind, session=session, idle=idle, target=target)
     if found is None:
         return Bound()
     if not found.resource:
@@ -64,7 +64,7 @@ def still_usable(alias: str, kind: str, session: str, pk: int, *, where: Any, ta
 
 def bind(alias: str, kind: str, session: str, pk: int) -> None:
     """Bind ``session`` to the resource ``pk`` now (a new binding, or the old one moved)."""
-    ops(alias).bind(kind=kind, session=session, pk=pk)
+    ops(alias).sessions.bind(kind=kind, session=session, pk=pk)
 
 
 def live_bindings(pks: list[int], using: str, idle: dict[str, float]) -> dict[int, list[str]]:

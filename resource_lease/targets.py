@@ -52,11 +52,11 @@ def count(lease: Any, n: int, per: float) -> None:
     meanwhile."""
     at = lease.resource.acquired_at.timestamp()
     engine = ops(lease.using)
-    recent = [t for t in engine.read_recent(pk=lease.resource.pk, target=lease.target) if t > at - per]
+    recent = [t for t in engine.cooldowns.read_recent(pk=lease.resource.pk, target=lease.target) if t > at - per]
     recent = [*recent, at][-n:]
     seconds = recent[0] + per - at if len(recent) >= n else 0.0
     key = {"pk": lease.resource.pk, "holder": lease.holder, "fence": lease.fence}
-    if not engine.count_grant(**key, target=lease.target, recent=recent, seconds=max(seconds, 0.0)):
+    if not engine.cooldowns.count_grant(**key, target=lease.target, recent=recent, seconds=max(seconds, 0.0)):
         lease.mark_lost("counting its grant for the policy's target_rate found the lease expired or taken")
         return
     lease.counted = (recent, n, per)
@@ -87,7 +87,9 @@ def _write_used(lease: Any, recent: list[float], now: float, cooldown: float) ->
     _, n, per = lease.counted
     window = recent[0] + per - now if len(recent) >= n else 0.0
     key = {"pk": lease.resource.pk, "holder": lease.holder, "fence": lease.fence}
-    if not ops(lease.using).count_grant(**key, target=lease.target, recent=recent, seconds=max(window, cooldown, 0.0)):
+    if not ops(lease.using).cooldowns.count_grant(
+        **key, target=lease.target, recent=recent, seconds=max(window, cooldown, 0.0)
+    ):
         lease.mark_lost("a release's cooldown found the lease expired or taken: nothing recorded")
         raise LeaseLost(f"{lease!r}: {lease.lost_reason}")
 
@@ -103,7 +105,7 @@ def used_elsewhere(lease: Any, cooldown: float, target_rate: tuple[int, float] |
             cool(lease, cooldown)
         return
     n, per = target_rate
-    recent = ops(lease.using).read_recent(pk=lease.resource.pk, target=lease.target)
+    recent = ops(lease.using).cooldowns.read_recent(pk=lease.resource.pk, target=lease.target)
     lease.counted = ([*recent[:-1], max(recent[-1], now)] if recent else [now], n, per)
     _write_used(lease, lease.counted[0], now, cooldown)
 
@@ -126,7 +128,7 @@ def cool(lease: Any, seconds: float) -> None:
     if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"a cooldown must be finite and > 0 seconds, got {seconds!r}")
     key = {"pk": lease.resource.pk, "holder": lease.holder, "fence": lease.fence}
-    if not ops(lease.using).cool(**key, target=lease.target, seconds=seconds):
+    if not ops(lease.using).cooldowns.cool(**key, target=lease.target, seconds=seconds):
         lease.mark_lost("a cooldown found the lease expired or taken: nothing recorded")
         raise LeaseLost(f"{lease!r}: {lease.lost_reason}")
 

@@ -249,7 +249,7 @@ def test_the_claim_statement_reads_the_index_not_the_table(vendor: str) -> None:
     d = Dispenser("plan")
     d.put([f"k{i}" for i in range(3000)])
     Dispenser("other").put([f"k{i}" for i in range(3000)])
-    plan = ops(d.using).explain_claim("plan")
+    plan = ops(d.using).items.explain_claim("plan")
     print(plan)
     assert NEXT_INDEX in plan
     if vendor == "postgresql":

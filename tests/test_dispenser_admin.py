@@ -150,7 +150,7 @@ def test_an_item_s_buttons_retry_it_or_release_the_claim_the_page_showed(admin_c
     url, fields = _button(admin_client.get(f"{URL}{claimed.pk}/change/").content.decode(), "Release the claim")
     assert fields == {"worker": "w2", "fence": str(claimed.fence)}
     # Meanwhile w2 gives it back and w3 claims it: the page's claim is gone.
-    assert d.leases.release("w2", [claimed.key]) == 1
+    assert d.release("w2", [claimed.key]) == 1
     d.assign("w3", limit=5)
     response = admin_client.post(url, fields, follow=True)
     assert "Not released: the claim of w2" in response.content.decode()

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _enter(kind: str, name: str, holder: str) -> int:
-    return ops("default").enter_line(kind, name, holder=holder, priority=0, where=None, ttl=30)
+    return ops("default").line.enter_line(kind, name, holder=holder, priority=0, where=None, ttl=30)
 
 
 def _grant(kind: str, name: str, holder: str, place: int) -> Any:
@@ -61,8 +61,8 @@ def test_a_waiters_grant_leaves_its_place_only_if_it_granted(
     granted = _grant(LOCK_KIND, "leaving", "first", first)
     left_by_grant = _places(first) == 0
     second_kept = _places(second)
-    ops("default").leave_line(first)  # the waiter's own leaving, as Waiting.cleanup does
-    ops("default").leave_line(second)
+    ops("default").line.leave_line(first)  # the waiter's own leaving, as Waiting.cleanup does
+    ops("default").line.leave_line(second)
     checks = {
         "refused while held": refused is None,
         "refused grant kept its place": kept == 1,
@@ -118,7 +118,7 @@ def test_a_place_gone_while_its_grant_is_tried_is_lost_only_if_the_grant_failed(
             place.renew()
         place.attempted(granted=granted)
         outcomes[granted] = place.lost
-        ops("default").leave_line(place.id)
+        ops("default").line.leave_line(place.id)
     checks = {"served: not lost": outcomes[True] is False, "refused: lost": outcomes[False] is True}
     failed = [what for what, ok in checks.items() if not ok]
     if variant == "engine":

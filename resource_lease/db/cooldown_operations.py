@@ -1,17 +1,19 @@
 """Targets' cooldowns as named operations (``db/cooldowns.py``'s statements), a part of
-``db.operations.Operations``: ``ops(using).cool(...)``, ``.count_grant(...)``,
+``db.operations.Operations``: ``ops(using).cooldowns.cool(...)``, ``.count_grant(...)``,
 ``.read_recent(...)``. Each write only moves a cooldown later and stores what it is given,
 so running one again after a lost answer changes nothing more: they are repeatable."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from resource_lease.db.base import Dialect
 from resource_lease.db.connections import run_repeatable
 
 
+@dataclass(frozen=True)
 class CooldownOperations:
     alias: str
 

@@ -1,5 +1,5 @@
 """Shared health's and policies' named operations (``db/health.py``'s statements), a part of
-``db.operations.Operations``: ``ops(using).report_ok(...)``, ``.report_failure(...)``,
+``db.operations.Operations``: ``ops(using).health.report_ok(...)``, ``.report_failure(...)``,
 ``.retire(...)``, ``.read_policy(...)``. A report is never repeated blindly (it adds to a
 score): a lost answer raises ``OutcomeUnknown``."""
 
@@ -39,6 +39,7 @@ def _returned(d: Dialect, c: Any, sql: str, params: dict[str, Any]) -> Health | 
     return Health(float(score), int(level), None if until is None else d.to_datetime(until))
 
 
+@dataclass(frozen=True)
 class HealthOperations:
     alias: str
 

@@ -1,5 +1,5 @@
 """The dispenser's named operations (``db/dispenser.py``'s statements), a part of
-``db.operations.Operations``: ``ops(using).claim_items(...)``, ``.finish_items(...)``, ...
+``db.operations.Operations``: ``ops(using).items.claim_items(...)``, ``.finish_items(...)``, ...
 
 A claim and an outcome are settled by their token when the connection is lost
 (docs/pitfalls.md#unknown-outcome); everything else is repeated.
@@ -11,12 +11,13 @@ import datetime as dt
 import logging
 import secrets
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from resource_lease.db import dispenser as item_sql
 from resource_lease.db import json_text
 from resource_lease.db.base import Dialect
-from resource_lease.db.connections import Disconnected, run, run_repeatable
+from resource_lease.db.connections import Disconnected, lease_connection, run, run_repeatable
 from resource_lease.db.statements import fill
 from resource_lease.exceptions import DatabaseUnavailable, OutcomeUnknown
 
@@ -70,6 +71,7 @@ def _refuse_skipped_rows(d: Dialect, c: Any, dispenser: str, keys: Sequence[str]
         )
 
 
+@dataclass(frozen=True)
 class ItemOperations:
     """The dispenser's operations on ``alias`` (see the module's docstring)."""
 
@@ -77,7 +79,7 @@ class ItemOperations:
 
     @property
     def dialect(self) -> Dialect:
-        raise NotImplementedError
+        return lease_connection(self.alias).dialect
 
     # -- the dispenser: statements of db/dispenser.py ------------------------------------------------
 

@@ -1,5 +1,5 @@
 """The line of waiters' named operations (``db/line.py``'s statements), a part of
-``db.operations.Operations``: ``ops(using).enter_line(...)``, ``.look(...)``, ...
+``db.operations.Operations``: ``ops(using).line.enter_line(...)``, ``.look(...)``, ...
 
 Taking a place is settled by its token when the connection is lost (a second place would
 stand behind the first and block it: docs/pitfalls.md#unknown-outcome); everything else is
@@ -9,6 +9,7 @@ repeated.
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from resource_lease.db.base import Row
@@ -16,6 +17,7 @@ from resource_lease.db.connections import Disconnected, run, run_repeatable
 from resource_lease.db.line import Look, Place, Turn
 
 
+@dataclass(frozen=True)
 class LineOperations:
     """The line's operations on ``alias`` (see the module's docstring)."""
 

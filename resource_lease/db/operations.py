@@ -40,18 +40,23 @@ T = TypeVar("T")
 Grant = Callable[[Dialect, Any, str], "Row | None"]
 
 
-class Operations(
-    ItemOperations, LineOperations, TermOperations, HealthOperations, CooldownOperations, SessionOperations
-):
-    """The named operations on ``alias`` (see the module's docstring); the dispenser's are
-    ``ItemOperations``' (``db/item_operations.py``), the line of waiters' ``LineOperations``'
-    (``db/line_operations.py``), the leadership log's ``TermOperations``'
-    (``db/term_operations.py``), shared health's ``HealthOperations``' (``db/health_operations.py``), targets' cooldowns'
-    ``CooldownOperations``' (``db/cooldown_operations.py``), sticky sessions' ``SessionOperations``'
-    (``db/session_operations.py``)."""
+class Operations:
+    """The named operations on ``alias`` (see the module's docstring): the leases', topics',
+    configs' and counters' here, and those of the other statement sets as parts, each in its
+    module: ``items`` the dispenser's (``db/item_operations.py``), ``line`` the line of
+    waiters' (``db/line_operations.py``), ``terms`` the leadership log's
+    (``db/term_operations.py``), ``health`` shared health's (``db/health_operations.py``),
+    ``cooldowns`` targets' cooldowns' (``db/cooldown_operations.py``), ``sessions`` sticky
+    sessions' (``db/session_operations.py``)."""
 
     def __init__(self, alias: str) -> None:
         self.alias = alias
+        self.items = ItemOperations(alias)
+        self.line = LineOperations(alias)
+        self.terms = TermOperations(alias)
+        self.health = HealthOperations(alias)
+        self.cooldowns = CooldownOperations(alias)
+        self.sessions = SessionOperations(alias)
 
     def __repr__(self) -> str:
         return f"<Operations on {self.alias!r}>"

@@ -1,5 +1,5 @@
 """Sticky sessions' named operations (``db/sessions.py``'s statements), a part of
-``db.operations.Operations``: ``ops(using).read_binding(...)``, ``.bind(...)``. Both are
+``db.operations.Operations``: ``ops(using).sessions.read_binding(...)``, ``.bind(...)``. Both are
 repeatable: a read, and an upsert that writes the same binding again."""
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class Binding:
     cooled_until: dt.datetime | None
 
 
+@dataclass(frozen=True)
 class SessionOperations:
     alias: str
 

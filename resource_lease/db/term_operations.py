@@ -1,15 +1,17 @@
 """The leadership log's named operations (``db/terms.py``'s statements), a part of
-``db.operations.Operations``: ``ops(using).record_term(...)``, ``.terms_after(...)``,
+``db.operations.Operations``: ``ops(using).terms.record_term(...)``, ``.terms_after(...)``,
 ``.wake_observers(...)``. Each is repeatable: writing a term twice keeps the first."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from resource_lease.db.base import Dialect
 from resource_lease.db.connections import lease_connection, run_repeatable
 
 
+@dataclass(frozen=True)
 class TermOperations:
     alias: str
 

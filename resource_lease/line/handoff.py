@@ -47,7 +47,7 @@ def claim(place: Place, make: Make[T], *, ttl: float, holder: str, row: int = 0,
         stats.handed_unread += 1
         return make(told, place.entered_at)
     sent_at = time.monotonic()
-    claimed = engine.claim_handed(place.line.kind, token=place.token, pk=row)
+    claimed = engine.line.claim_handed(place.line.kind, token=place.token, pk=row)
     if claimed is None:
         return None
     values, left = claimed

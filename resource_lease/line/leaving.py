@@ -47,7 +47,7 @@ def leave(place: Place, *, gone: bool = False) -> bool | None:
     if gone:
         return False
     try:
-        return ops(place.line.alias).leave_line(place.id)
+        return ops(place.line.alias).line.leave_line(place.id)
     except LeaseDatabaseError as exc:
         logger.warning("could not leave line %s (the keeper tries again): %s", place.line, exc)
         return None
@@ -69,7 +69,7 @@ def give_back_handed(place: Place, *, retrying: bool = False) -> bool | None:
     (``retry`` it)."""
     engine = ops(place.line.alias)
     try:
-        claimed = engine.claim_handed(place.line.kind, token=place.token)
+        claimed = engine.line.claim_handed(place.line.kind, token=place.token)
         if claimed is None:
             return False
         resource = engine.dialect.to_resource(claimed[0])
@@ -139,7 +139,7 @@ def _leave_again(place: Place) -> bool:
     """Delete ``place`` (and give back what a release handed it); whether the database could
     be told."""
     try:
-        there = ops(place.line.alias).leave_line(place.id)
+        there = ops(place.line.alias).line.leave_line(place.id)
     except LeaseDatabaseError as exc:
         logger.debug("%r: still cannot leave the line: %s", place, exc)
         return False

@@ -97,7 +97,7 @@ class Place:
         sent_at = time.monotonic()
         line = self.line
         mark = sent_at - self._marked_at >= self.MARK_AGAIN * self.ttl
-        kept = ops(line.alias).renew_place(
+        kept = ops(line.alias).line.renew_place(
             self.id, kind=line.kind, name=line.name, where=self.where, ttl=self.ttl, mark=mark
         )
         stats.renewals += 1
@@ -212,7 +212,7 @@ def enter(
     mark = marked_at is None
     engine = ops(line.alias)
     token = secrets.token_hex(16) if handoff and engine.dialect.line.hands_off else ""
-    place = engine.enter_line(
+    place = engine.line.enter_line(
         line.kind,
         line.name,
         holder=holder,
@@ -263,23 +263,23 @@ def _purge_now_and_then(line: Line) -> None:
     now = time.monotonic()
     if now - _purged_all.get(line.alias, -PURGE_ALL_EVERY) >= PURGE_ALL_EVERY:
         _purged_all[line.alias] = _purged[line] = now
-        ops(line.alias).purge_lines()
+        ops(line.alias).line.purge_lines()
         return
     if now - _purged.get(line, -PURGE_EVERY) < PURGE_EVERY:
         return
     _purged[line] = now
-    ops(line.alias).purge_line(line.kind, line.name)
+    ops(line.alias).line.purge_line(line.kind, line.name)
 
 
 def look(place: Place, where: str | None, shared: bool = False, target: str = "") -> Look:
     stats.looks += 1
     turn = place.turn.aiming(target)
-    return ops(place.line.alias).look(place.line.kind, place.line.name, turn=turn, where=where, shared=shared)
+    return ops(place.line.alias).line.look(place.line.kind, place.line.name, turn=turn, where=where, shared=shared)
 
 
 def waiters(line: Line, limit: int = 10) -> list[WaitingPlace]:
     """The first ``limit`` live places of ``line``, in the order they will be served."""
-    return ops(line.alias).line_waiters(line.kind, line.name, limit=limit)
+    return ops(line.alias).line.line_waiters(line.kind, line.name, limit=limit)
 
 
 def forget_lines() -> None:

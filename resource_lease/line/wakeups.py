@@ -292,7 +292,7 @@ def pass_turn(alias: str, kind: str, name: str) -> None:
     to a waiter of this process that did not take it. Best effort: if the database cannot be
     told, the waiters find the free row at their next look."""
     try:
-        ops(alias).pass_turn(kind, name)
+        ops(alias).line.pass_turn(kind, name)
     except LeaseDatabaseError as exc:
         logger.info("could not pass a turn in line %s on (its waiters look): %s", kind, exc)
 

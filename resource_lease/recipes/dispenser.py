@@ -181,7 +181,7 @@ class Dispenser:
         pairs = check_items(items, "items")
         # Idempotent (INSERT ... ignoring duplicates): repeated after a lost connection, a
         # repeat counts as new only what the first run had not added.
-        added = sum(ops(self.using).put_items(self.name, chunk) for chunk in _chunks(pairs))
+        added = sum(ops(self.using).items.put_items(self.name, chunk) for chunk in _chunks(pairs))
         if added:
             self.bell.ring()
         return added
@@ -196,14 +196,14 @@ class Dispenser:
         """
         wanted = dict(check_items(mapping, "mapping"))
         engine = ops(self.using)
-        stale = [pk for pk, key in engine.unclaimed_items(self.name) if key not in wanted]
-        removed = sum(engine.delete_unclaimed(self.name, chunk) for chunk in _chunks(stale))
+        stale = [pk for pk, key in engine.items.unclaimed_items(self.name) if key not in wanted]
+        removed = sum(engine.items.delete_unclaimed(self.name, chunk) for chunk in _chunks(stale))
         requeued = 0
         for chunk in _chunks(list(wanted)):
-            for key, state, payload, live in engine.items_by_key(self.name, chunk):
+            for key, state, payload, live in engine.items.items_by_key(self.name, chunk):
                 if live or (state == DispenserItem.PENDING and payload == wanted[key]):
                     continue
-                requeued += engine.requeue_item(self.name, key, wanted[key])
+                requeued += engine.items.requeue_item(self.name, key, wanted[key])
         added = self.put(wanted)  # rings if it added any
         if requeued and not added:
             self.bell.ring()
@@ -223,7 +223,7 @@ class Dispenser:
         worker = check_name(worker, "worker")
         limit = check_count(limit, "limit")
         pattern = check_pattern(pattern)
-        rows = ops(self.using).claim_items(
+        rows = ops(self.using).items.claim_items(
             self.name, worker, limit=limit, ttl=self.ttl, max_attempts=self.max_attempts, pattern=pattern
         )
         items = [
@@ -244,7 +244,7 @@ class Dispenser:
         total = 0
         for i, chunk in enumerate(list(_chunks(keys)) or [[]]):
             fchunk = None if fences is None else fences[i * CHUNK : (i + 1) * CHUNK]
-            total += engine.finish_items(outcome, self.name, worker, chunk, fchunk, what=what, **values)
+            total += engine.items.finish_items(outcome, self.name, worker, chunk, fchunk, what=what, **values)
         if total and outcome != "done":
             self.bell.ring()  # items back in the pool (a failure before max_attempts, a release)
         return total
@@ -290,7 +290,7 @@ class Dispenser:
         if keys is not None and not key_list:
             return 0
         engine = ops(self.using)
-        queued = sum(engine.retry_failed(self.name, chunk) for chunk in (list(_chunks(key_list)) or [[]]))
+        queued = sum(engine.items.retry_failed(self.name, chunk) for chunk in (list(_chunks(key_list)) or [[]]))
         if queued:
             self.bell.ring()
         return queued
@@ -305,14 +305,14 @@ class Dispenser:
         total = 0
         for i, chunk in enumerate(list(_chunks(key_list)) or [[]]):
             fchunk = None if fences is None else fences[i * CHUNK : (i + 1) * CHUNK]
-            total += engine.renew_claims(self.name, worker, chunk, fchunk, self.ttl)
+            total += engine.items.renew_claims(self.name, worker, chunk, fchunk, self.ttl)
         return total
 
     def check(self, worker: str, keys: Iterable[str | WorkItem]) -> bool:
         """True when these are exactly the worker's live claims (and fences, for WorkItems)."""
         worker = check_name(worker, "worker")
         key_list, fences = item_keys(keys)
-        claims = ops(self.using).live_claims(self.name, worker)
+        claims = ops(self.using).items.live_claims(self.name, worker)
         if fences is None:
             return sorted(k for k, _ in claims) == sorted(key_list)
         return sorted(claims) == sorted(zip(key_list, fences, strict=True))
@@ -334,11 +334,13 @@ class Dispenser:
     def unfinished(self, *, pattern: str | None = None) -> tuple[int, int]:
         """``(pending or assigned items, how many of them pattern matches)``; without a
         pattern both are the same. The keys are matched by the database, as ``assign`` does."""
-        return ops(self.using).unfinished_items(self.name, check_pattern(pattern))
+        return ops(self.using).items.unfinished_items(self.name, check_pattern(pattern))
 
     def finished(self, keys: Sequence[str]) -> list[tuple[str, str]]:
         """``(key, "done" or "failed")`` of these keys that are finished."""
-        return [pair for chunk in _chunks(list(keys)) for pair in ops(self.using).finished_items(self.name, chunk)]
+        return [
+            pair for chunk in _chunks(list(keys)) for pair in ops(self.using).items.finished_items(self.name, chunk)
+        ]
 
     def items(self, *, state: str | None = None) -> list[DispenserItem]:
         """The items as rows (for operators and tests: an ORM read on your connection)."""

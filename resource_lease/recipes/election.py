@@ -163,7 +163,7 @@ class Election:
         # in the log its observers read (recipes/observing.py). Not written (the grant was
         # already lost, or the database failed): given back, as if never won.
         try:
-            recorded = ops(self.using).record_term(
+            recorded = ops(self.using).terms.record_term(
                 KIND, self.name, fence=lease.fence, holder=self.holder, channel=observers_channel(self.name)
             )
         except LeaseError as exc:
@@ -195,7 +195,7 @@ class Election:
 
     def _wake_observers(self) -> None:
         try:
-            ops(self.using).wake_observers(observers_channel(self.name))
+            ops(self.using).terms.wake_observers(observers_channel(self.name))
         except LeaseError as exc:  # they find out at their next poll
             logger.info("election %r: waking its observers failed: %s", self.name, exc)
 

@@ -81,7 +81,7 @@ class Observer:
             return
         terms: dict[int, str] = {}
         if top > self.fence:
-            written = ops(self.using).terms_after(self.name, self.fence)  # ... then the log
+            written = ops(self.using).terms.terms_after(self.name, self.fence)  # ... then the log
             terms.update(written)
             if len(written) >= TERMS_READ and written[-1][0] < top - 1:
                 # More terms than one read: report these; the rest at the next look, which

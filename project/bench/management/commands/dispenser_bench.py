@@ -49,7 +49,7 @@ def fill(name: str, n: int) -> float:
     d = Dispenser(name)
     for start in range(0, n, FILL_CHUNK):
         chunk = [(f"item-{i:08d}", None) for i in range(start, min(n, start + FILL_CHUNK))]
-        ops(d.using).put_items(name, chunk)
+        ops(d.using).items.put_items(name, chunk)
     return time.monotonic() - started
 
 
