@@ -12,6 +12,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
@@ -21,12 +22,14 @@ from resource_lease import health, line, pool, renewal, sessions, signals, targe
 from resource_lease.audit import acting_as
 from resource_lease.conf import lease_settings
 from resource_lease.db.connections import refuse_on_event_loop
-from resource_lease.db.line import NEWCOMER, Turn
-from resource_lease.db.operations import Grant, Operations, ops
+from resource_lease.db.line import BY_ID, Ask
+from resource_lease.db.operations import Operations, ops
 from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost, NoResourceAvailable
 from resource_lease.forking import at_fork
 from resource_lease.keeper import dispatch, keeper
 from resource_lease.line.aio import awaits
+from resource_lease.line.granting import Grantor
+from resource_lease.line.handoff import Make
 from resource_lease.line.threads import runs
 from resource_lease.line.wakeups import release as release_row
 from resource_lease.models import Resource
@@ -555,12 +558,15 @@ def acquiring(
         if sticky is not None
         else sessions.Bound()
     )
-    engine = ops(alias)
+    # What is asked, once: any free row of the pool (a session's bound row: by its id, in its own line).
+    pool_ask = Ask(kind, holder, ttl, where=wanted, where_sql=where_sql, target=aim or "", lock_delay=delay)
+    bound_ask = replace(pool_ask, rows=BY_ID, pk=binding.pk, line=binding.name) if binding.usable else pool_ask
+    make = making(alias=alias, on_lost=on_lost)
 
     exists_checked = False
 
-    def attempt(turn: Turn) -> Lease | None:
-        lease = bound_grant(turn) if binding.usable else pool_grant(turn)
+    def attempt(grant: Grantor[Lease]) -> Lease | None:
+        lease = bound_grant(grant) if binding.usable else pool_grant(grant)
         if lease is not None and sticky is not None:
             try:
                 sessions.bind(alias, kind, sticky, lease.resource.pk)
@@ -571,20 +577,12 @@ def acquiring(
             lease.rebound = binding.existed and lease.resource.pk != binding.pk
         return lease
 
-    def bound_grant(turn: Turn) -> Lease | None:
+    def bound_grant(grant: Grantor[Lease]) -> Lease | None:
         """The session's bound resource, in its own line; if it can no longer serve the
         session (quarantined, disabled, retired, cooling down for the target meanwhile), any
-        resource of the pool instead, which the session is then bound to."""
-        statement = engine.grant_by_id(
-            binding.pk,
-            kind=kind,
-            holder=holder,
-            ttl=ttl,
-            turn=turn.with_delay(delay).aiming(aim),
-            where_sql=where_sql,
-            line=binding.name,
-        )
-        lease = attempt_grant(kind, ttl=ttl, holder=holder, alias=alias, on_lost=on_lost, statement=statement)
+        resource of the pool instead (asked in the pool's line: as a newcomer there), which
+        the session is then bound to."""
+        lease = grant(bound_ask)
         if lease is not None:
             if health.retire_due(lease, policy()):
                 lease.release()  # retired now: replaced below
@@ -592,23 +590,14 @@ def acquiring(
             elif aim is not None:
                 targets.aimed(lease, aim, cooldown=policy().cooldown, target_rate=policy().target_rate)
         if lease is None and not sessions.still_usable(alias, kind, sticky or "", binding.pk, where=wanted, target=aim):
-            lease = pool_grant(NEWCOMER)
+            lease = pool_grant(grant)
         return lease
 
-    def pool_grant(turn: Turn) -> Lease | None:
+    def pool_grant(grant: Grantor[Lease]) -> Lease | None:
         nonlocal exists_checked
         current = policy()
         for _ in range(RETIRED_RETRIES):
-            lease = attempt_grant(
-                kind,
-                ttl=ttl,
-                holder=holder,
-                alias=alias,
-                on_lost=on_lost,
-                turn=turn.with_delay(delay).aiming(aim),
-                where=wanted,
-                where_sql=where_sql,
-            )
+            lease = grant(pool_ask)
             if lease is None or not health.retire_due(lease, current):
                 if lease is not None and aim is not None:
                     targets.aimed(lease, aim, cooldown=current.cooldown, target_rate=current.target_rate)
@@ -649,23 +638,20 @@ def acquiring(
         # A session's bound resource that stops serving it (quarantined, disabled) frees up for
         # nobody: the waiter's try, now and then, finds that out and takes another.
         retry_every=SESSION_RETRY if binding.usable else 0.0,
+        make=make,
         # A grant with a lock delay (which the hand-off does not write), a target (counted, and
         # its lease told its target, by ``attempt``) or a session (bound by ``attempt``) takes
         # no hand-off.
-        make=None
-        if delay or aim is not None or sticky is not None
-        else retiring(making(holder=holder, ttl=ttl, alias=alias, on_lost=on_lost), policy),
+        handed=None if delay or aim is not None or sticky is not None else retiring(make, policy),
     )
 
 
-def retiring(
-    make: Callable[[Sequence[Any], float], Lease | None], policy: Callable[[], health.Policy]
-) -> Callable[[Sequence[Any], float], Lease | None]:
-    """``make`` for ``acquire()``: a row handed to the caller's place past its policy's
+def retiring(make: Make[Lease], policy: Callable[[], health.Policy]) -> Make[Lease]:
+    """``handed`` for ``acquire()``: a row handed to the caller's place past its policy's
     ``max_uses`` or ``max_age`` is retired and given back (the caller waits on in line)."""
 
-    def make_or_retire(row: Sequence[Any], sent_at: float) -> Lease | None:
-        lease = make(row, sent_at)
+    def make_or_retire(ask: Ask, row: Sequence[Any], sent_at: float) -> Lease | None:
+        lease = make(ask, row, sent_at)
         if lease is not None and health.retire_due(lease, policy()):
             lease.release()
             return None
@@ -692,46 +678,6 @@ def granted(lease: Lease, *, auto_renew: bool) -> Lease:
     if auto_renew:
         renewal.renewer().add(lease)
     return lease
-
-
-def attempt_grant(
-    kind: str,
-    *,
-    ttl: float,
-    holder: str,
-    alias: str,
-    on_lost: OnLost | None = None,
-    statement: Grant | None = None,
-    turn: Turn = NEWCOMER,
-    where: dict[str, Any] | None = None,
-    where_sql: str | None = None,
-    lease_class: type[Lease] | None = None,
-) -> Lease | None:
-    """One attempt at a grant; the Lease, or None if nothing could be granted this time.
-
-    ``statement`` is a granting operation of ``db.operations`` (default: ``grant_any``, the
-    engine's acquire of any free resource of ``kind`` that is the caller's ``turn`` in line and
-    matches its ``where``; the holder's lock step passes ``grant_by_id``, a named row
-    ``grant_by_name``; an rwlock's read grant ``grant_read`` with ``lease_class`` its
-    ``ReadLease``). Package-internal: use ``acquire()``.
-    """
-    keeper().refuse_when_stopping("grants")
-    engine = ops(alias)
-    if statement is None:
-        statement = engine.grant_any(kind, holder=holder, ttl=ttl, turn=turn, where=where, where_sql=where_sql)
-    for tries_left in (1, 0):
-        sent_at = time.monotonic()
-        row, settled = engine.grant(kind, statement)
-        if row is None and settled and tries_left:
-            # Settled: nothing was granted. Most often the statement never reached the
-            # server (a session it had dropped: idle timeout, restart); run it once more
-            # on the new connection, or a single attempt would report free resources as
-            # none.
-            continue
-        break
-    if row is None:
-        return None
-    return lease_from_row(row, sent_at, holder=holder, ttl=ttl, alias=alias, on_lost=on_lost, lease_class=lease_class)
 
 
 def lease_from_row(
@@ -762,14 +708,16 @@ def lease_from_row(
     return lease
 
 
-def making(
-    *, holder: str, ttl: float, alias: str, on_lost: OnLost | None = None, lease_class: type[Lease] | None = None
-) -> Callable[[Sequence[Any], float], Lease | None]:
-    """How an entry point's wait makes its lease of a row a release handed to its place
-    (``line.Wait.make``: the line claims the grant, the entry point says what it is)."""
-    return functools.partial(
-        lease_from_row, holder=holder, ttl=ttl, alias=alias, on_lost=on_lost, lease_class=lease_class
-    )
+def making(*, alias: str, on_lost: OnLost | None = None, lease_class: type[Lease] | None = None) -> Make[Lease]:
+    """How an entry point makes its lease of a row granted for an ``Ask`` (``line.Wait.make``;
+    ``handed``: of a row a release handed to its place, which the line claims)."""
+
+    def make(ask: Ask, row: Sequence[Any], sent_at: float) -> Lease | None:
+        return lease_from_row(
+            row, sent_at, holder=ask.holder, ttl=ask.ttl, alias=alias, on_lost=on_lost, lease_class=lease_class
+        )
+
+    return make
 
 
 def arrived_dead(lease: Lease) -> bool:

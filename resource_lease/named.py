@@ -26,12 +26,14 @@ from typing import Any
 
 from resource_lease.backoff import Backoff
 from resource_lease.db import json_text
-from resource_lease.db.line import NEWCOMER, Turn
+from resource_lease.db.line import BY_NAME, Ask
 from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseError, LeaseLost
 from resource_lease.forking import at_fork
 from resource_lease.keeper import keeper
-from resource_lease.lease import Lease, OnLost, attempt_grant, granted, making
+from resource_lease.lease import Lease, OnLost, granted, making
+from resource_lease.line.granting import Grantor, newcomer
+from resource_lease.line.handoff import Make
 from resource_lease.models import COORDINATION_PREFIX, Resource
 
 logger = logging.getLogger("resource_lease")
@@ -83,23 +85,26 @@ def try_grant(
     holder: str,
     ttl: float,
     on_lost: OnLost | None = None,
-    turn: Turn = NEWCOMER,
+    lock_delay: float = 0.0,
+    grant: Grantor[Lease] | None = None,
 ) -> Lease | None:
     """One attempt at granting the row ``(kind, name)``, created first if need be; the
     Lease, or None if the row is held by someone else (or disabled, or a waiter in the row's
-    line is ahead of ``turn``: ``resource_lease.line``).
+    line is ahead: ``resource_lease.line``). ``grant``: a wait's, which grants as its turn in
+    line and makes its own lease (default: as a newcomer, a ``Lease`` with ``on_lost``).
 
     A miss on a row that no longer exists (an operator deleted it, a test flushed the
     table) is not taken for "held": the row is made again and granted at once.
     """
-
-    statement = ops(alias).grant_by_name(kind, name, holder=holder, ttl=ttl, turn=turn)
+    ask = Ask(kind, holder, ttl, rows=BY_NAME, name=name, lock_delay=lock_delay)
+    if grant is None:
+        grant = newcomer(alias, making(alias=alias, on_lost=on_lost))
     ensure(alias, kind, [name])
-    lease = attempt_grant(kind, ttl=ttl, holder=holder, alias=alias, on_lost=on_lost, statement=statement, turn=turn)
+    lease = grant(ask)
     if lease is None and name not in read(alias, kind, [name]).rows:
         forget(alias, kind, name)
         ensure(alias, kind, [name])
-        lease = attempt_grant(kind, ttl=ttl, holder=holder, alias=alias, on_lost=on_lost, statement=statement)
+        lease = grant(ask)
     return lease
 
 
@@ -211,25 +216,32 @@ class KeptRow:
         lease = self._lease
         return None if lease is None or lease.released or lease.lost else lease
 
-    def take(self, *, auto_renew: bool = True, turn: Turn = NEWCOMER) -> Lease | None:
-        """One attempt at the row (no-op while a grant is held), with the caller's ``turn`` in
-        the row's line (``resource_lease.line``); the grant, renewed by the keeper unless
-        ``auto_renew=False``, or None if someone else holds it (or waits ahead)."""
+    def take(self, *, auto_renew: bool = True, grant: Grantor[Lease] | None = None) -> Lease | None:
+        """One attempt at the row (no-op while a grant is held); the grant, made this row's
+        lease and renewed by the keeper unless ``auto_renew=False``, or None if someone else
+        holds it (or waits ahead). ``grant``: a wait's in the row's line (``resource_lease.line``),
+        whose lease is made by ``making()``; default: as a newcomer."""
         current = self.lease
         if current is not None:
             return current
+        if grant is None:
+            grant = newcomer(self.using, self.making(adopt=False))
         lease = try_grant(
-            self.using, self.kind, self.name, holder=self.holder, ttl=self.ttl, on_lost=self._lost, turn=turn
+            self.using, self.kind, self.name, holder=self.holder, ttl=self.ttl, on_lost=self._lost, grant=grant
         )
         return None if lease is None else self._adopt(lease, auto_renew=auto_renew)
 
-    def making(self) -> Callable[[Sequence[Any], float], Lease | None]:
-        """How a wait in the row's line makes this row's lease of a grant a release handed to
-        its place (``line.Wait.make``), as ``take`` does of its own grant."""
-        make = making(holder=self.holder, ttl=self.ttl, alias=self.using, on_lost=self._lost)
+    def making(self, *, adopt: bool = True) -> Make[Lease]:
+        """How a lease of this row is made of a grant of it: ``adopt=False`` for a grant
+        ``take`` then adopts (``line.Wait.make`` of a wait whose attempt is ``take``); else
+        adopted at once, ``on_gained`` told first (``line.Wait.handed``: a row a release
+        handed to the wait's place, which no ``take`` sees)."""
+        make = making(alias=self.using, on_lost=self._lost)
+        if not adopt:
+            return make
 
-        def made(row: Sequence[Any], sent_at: float) -> Lease | None:
-            lease = make(row, sent_at)
+        def made(ask: Ask, row: Sequence[Any], sent_at: float) -> Lease | None:
+            lease = make(ask, row, sent_at)
             return None if lease is None else self._adopt(lease)
 
         return made

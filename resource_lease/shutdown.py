@@ -8,7 +8,7 @@ makes SIGTERM give back, in this order:
 1. every ``ResourceHolder`` of the process (terminated: its thread stopped, its lease
    released; ``holder.registry``),
 2. every lease still held (``acquire``, ``lock``, ``semaphore``, an rwlock's read or write,
-   an election's or a group's row: every grant made through ``lease.attempt_grant``),
+   an election's or a group's row: every grant made through ``line.granting.grant``),
 3. every place in line (``line.Place``: the waiters' places, kept by the keeper),
 
 then exit with status 143 (``SystemExit``, so ``finally`` blocks run), or, where the

@@ -29,9 +29,10 @@ from django.db import connection
 
 from resource_lease import acquire, lock
 from resource_lease.db.connections import lease_connection, run_repeatable
+from resource_lease.db.line import Ask
 from resource_lease.db.postgresql import HANDED_DATA_MAX
-from resource_lease.lease import Lease, attempt_grant, making
-from resource_lease.line import Line, Wait, Waiting, leaving
+from resource_lease.lease import Lease, making
+from resource_lease.line import Line, Wait, Waiting, granting, leaving
 from resource_lease.line.wakeups import Waker
 from resource_lease.models import Resource, Waiter
 from resource_lease.recipes.locks import LOCK_KIND
@@ -53,12 +54,13 @@ def _waiting(kind: str, holder: str, name: str = "") -> Waiting:
     """A waiter of this process with a place in line (no thread waits on it)."""
     request: Wait[Lease] = Wait(
         Line("default", kind, name),
-        lambda turn: None,
+        lambda grant: None,
         lambda grant: grant,  # type: ignore[arg-type,return-value]
         timeout=None,
         holder=holder,
         ttl=30,
-        make=making(holder=holder, ttl=30, alias="default"),
+        make=making(alias="default"),
+        handed=making(alias="default"),
     )
     waiter = Waiting(request, timeout=None, waker=Waker())
     waiter.place = waiter._enter()
@@ -239,7 +241,7 @@ def test_a_waiter_served_by_its_own_grant_gives_back_a_row_handed_meanwhile(
     assert second.release()  # nobody waits now: freed
     # The waiter's own grant, as it was sent just before it heard of the hand-off: the line
     # form with its place, which finds the place gone as it leaves it.
-    lease = attempt_grant("both", ttl=30, holder="twice", alias="default", turn=place.turn)
+    lease = granting.grant("default", Ask("both", "twice", 30), place.turn, making(alias="default"))
     assert lease is not None and lease.resource.pk == second.resource.pk
     waiter.granted = True
     waiter.cleanup()

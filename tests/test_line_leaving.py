@@ -17,7 +17,7 @@ from django.db import connection
 
 from resource_lease import lock
 from resource_lease.db.connections import lease_connection
-from resource_lease.db.line import Turn
+from resource_lease.db.line import BY_NAME, Ask, Turn
 from resource_lease.db.operations import ops
 from resource_lease.models import Waiter
 from resource_lease.recipes.locks import LOCK_KIND
@@ -31,7 +31,7 @@ def _enter(kind: str, name: str, holder: str) -> int:
 
 def _grant(kind: str, name: str, holder: str, place: int) -> Any:
     o = ops("default")
-    row, _ = o.grant(kind, o.grant_by_name(kind, name, holder=holder, ttl=30, turn=Turn(place=place)))
+    row, _ = o.grant(Ask(kind, holder, 30, rows=BY_NAME, name=name), Turn(place=place))
     return row
 
 

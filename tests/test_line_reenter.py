@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from resource_lease.exceptions import DatabaseUnavailable
-from resource_lease.lease import Lease
+from resource_lease.lease import Lease, making
 from resource_lease.line import Line, Wait, Waiting, places
 from resource_lease.line.steps import Call
 from resource_lease.line.wakeups import Waker
@@ -23,11 +23,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_taking_a_new_place_again_after_a_refused_connection(monkeypatch: pytest.MonkeyPatch) -> None:
     request: Wait[Lease] = Wait(
         Line("default", LOCK_KIND, "reenter"),
-        lambda turn: None,
+        lambda grant: None,
         lambda grant: grant,  # type: ignore[arg-type,return-value]
         timeout=None,
         holder="w",
         ttl=30,
+        make=making(alias="default"),
     )
     waiting = Waiting(request, timeout=None, waker=Waker())
     try:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from resource_lease.db import statements
 from resource_lease.db.answers import Answer
-from resource_lease.db.line import NEWCOMER, Turn, left_by_grant, own
+from resource_lease.db.line import NEWCOMER, Ask, Turn, left_by_grant, own
 from resource_lease.models import NEVER
 
 if TYPE_CHECKING:
@@ -28,30 +28,17 @@ class LeaseStatements:
     def __init__(self, dialect: Dialect) -> None:
         self.d = dialect
 
-    def acquire(
-        self,
-        cursor: Any,
-        *,
-        kind: str,
-        holder: str,
-        token: str,
-        ttl: float,
-        turn: Turn = NEWCOMER,
-        where: str | None = None,
-    ) -> Row | None:
-        """Grant any free resource of ``kind`` that is the caller's ``turn`` (and matches its
-        ``where``, encoded) in one conditional statement (the vendor's ACQUIRE_SCAN; a
+    def acquire(self, cursor: Any, ask: Ask, *, token: str, turn: Turn = NEWCOMER) -> Row | None:
+        """Grant any free resource of the ``ask``'s kind that is the caller's ``turn`` (and
+        matches its ``where``) in one conditional statement (the vendor's ACQUIRE_SCAN; a
         newcomer's first try without the line's subquery, ``Turn.forms``)."""
         for in_line in turn.forms:
             row = self.grant_row(
                 cursor,
                 "ACQUIRE_SCAN",
-                (
-                    *self.grant_params(holder, token, self.d.ttl_param(ttl), turn),
-                    *self.grantable(kind, turn, where, in_line=in_line),
-                ),
+                (*self.grant_params(ask, token), *self.grantable(ask, turn, in_line=in_line)),
+                ask=ask,
                 turn=turn,
-                where=where,
                 in_line=in_line,
                 read_params=(token,),
             )
@@ -70,17 +57,7 @@ class LeaseStatements:
         return [row[:-1] for row in rows], rows[0][-1]
 
     def grant_sampled(
-        self,
-        cursor: Any,
-        *,
-        sampled: Row,
-        kind: str,
-        holder: str,
-        token: str,
-        ttl: float,
-        clock: Any,
-        turn: Turn = NEWCOMER,
-        where: str | None = None,
+        self, cursor: Any, ask: Ask, *, sampled: Row, token: str, clock: Any, turn: Turn = NEWCOMER
     ) -> Row | None:
         """Grant the sampled row if it is free and the caller's turn (``grant``); its row as
         granted.
@@ -88,21 +65,9 @@ class LeaseStatements:
         ``sampled`` is the row as the sample read it and ``clock`` estimates the database's
         clock now (``Clock``); a vendor whose grant cannot return the row cheaply may build
         it from them (MySQL), anything that decides the grant stays in the statement."""
-        return self.grant(cursor, pk=sampled[0], kind=kind, holder=holder, token=token, ttl=ttl, turn=turn, where=where)
+        return self.grant(cursor, ask, pk=sampled[0], token=token, turn=turn)
 
-    def grant(
-        self,
-        cursor: Any,
-        *,
-        pk: int,
-        kind: str,
-        holder: str,
-        token: str,
-        ttl: float,
-        turn: Turn = NEWCOMER,
-        where: str | None = None,
-        line: str = "",
-    ) -> Row | None:
+    def grant(self, cursor: Any, ask: Ask, *, pk: int, token: str, turn: Turn = NEWCOMER, line: str = "") -> Row | None:
         """Grant one chosen resource (the holder's lock step) if it is free and the caller's
         ``turn`` in the line ``line`` ('': the kind's; a row's name: that row's own line, where
         a session waits for its bound resource); return its row.
@@ -115,13 +80,9 @@ class LeaseStatements:
             row = self.grant_row(
                 cursor,
                 "GRANT_BY_ID",
-                (
-                    *self.grant_params(holder, token, self.d.ttl_param(ttl), turn),
-                    pk,
-                    *self.grantable(kind, turn, where, line, in_line=in_line),
-                ),
+                (*self.grant_params(ask, token), pk, *self.grantable(ask, turn, line, in_line=in_line)),
+                ask=ask,
                 turn=turn,
-                where=where,
                 in_line=in_line,
                 read_params=(pk, token),
             )
@@ -129,11 +90,9 @@ class LeaseStatements:
                 return row
         return None
 
-    def grant_named(
-        self, cursor: Any, *, kind: str, name: str, holder: str, token: str, ttl: float, turn: Turn = NEWCOMER
-    ) -> Row | None:
+    def grant_named(self, cursor: Any, ask: Ask, *, name: str, token: str, turn: Turn = NEWCOMER) -> Row | None:
         """Grant the row (kind, name) if it is free and the caller's ``turn`` in the row's own
-        line; return its row (locks, elections, members).
+        line; return its row (locks, elections, members). The ``ask`` has no ``where=``.
 
         The same SET list and free condition as ``acquire``; the unique (kind, name) index
         finds the row, and the matched-row count decides the race.
@@ -142,15 +101,11 @@ class LeaseStatements:
             row = self.grant_row(
                 cursor,
                 "GRANT_BY_NAME",
-                (
-                    *self.grant_params(holder, token, self.d.ttl_param(ttl), turn),
-                    name,
-                    *self.grantable(kind, turn, None, name, in_line=in_line),
-                ),
+                (*self.grant_params(ask, token), name, *self.grantable(ask, turn, name, in_line=in_line)),
+                ask=ask,
                 turn=turn,
-                where=None,
                 in_line=in_line,
-                read_params=(kind, name, token),
+                read_params=(ask.kind, name, token),
             )
             if row is not None:
                 return row
@@ -162,37 +117,35 @@ class LeaseStatements:
         name: str,
         params: Sequence[Any],
         *,
+        ask: Ask,
         turn: Turn,
-        where: str | None,
         in_line: bool,
         read_params: Sequence[Any] = (),
     ) -> Sequence[Any] | None:
-        """Run the grant statement ``name`` in its form (``Turn.forms``); a waiter's grant in
-        the line form leaves its place in the same statement where the vendor can
-        (``leaving``)."""
-        leaving = (
-            self.d.line.leaving.get((name, where is not None, bool(turn.target))) if in_line and turn.place else None
-        )
+        """Run the grant statement ``name`` in its form (``Turn.forms``; with the ``ask``'s
+        filter and target if any); a waiter's grant in the line form leaves its place in the
+        same statement where the vendor can (``leaving``)."""
+        where, target = ask.where_sql, ask.target
+        leaving = self.d.line.leaving.get((name, where is not None, bool(target))) if in_line and turn.place else None
         if leaving is not None:
             row = self.d.returning_row(cursor, leaving, (*params, turn.place), read_params=read_params)
             if row is None:
                 return None
             left_by_grant[self.d.alias, turn.place] = bool(row[-1])
             return tuple(row[:-1])
-        sql = self.d.statement(name, where, in_line=in_line, target=turn.target)
+        sql = self.d.statement(name, where, in_line=in_line, target=target)
         return self.d.returning_row(cursor, sql, params, read_params=read_params)
 
-    @staticmethod
-    def grant_params(holder: str, token: str, ttl_param: Any, turn: Turn) -> tuple[Any, ...]:
-        """GRANT_SET's parameters: the holder, the token, the ttl, the caller's lock delay."""
-        return (holder, token, ttl_param, float(turn.lock_delay))
+    def grant_params(self, ask: Ask, token: str) -> tuple[Any, ...]:
+        """GRANT_SET's parameters: the holder, the token, the ttl, the lock delay."""
+        return (ask.holder, token, self.d.ttl_param(ask.ttl), float(ask.lock_delay))
 
     @staticmethod
-    def grantable(kind: str, turn: Turn, where: str | None, line: str = "", *, in_line: bool = True) -> tuple[Any, ...]:
+    def grantable(ask: Ask, turn: Turn, line: str = "", *, in_line: bool = True) -> tuple[Any, ...]:
         """GRANTABLE's parameters: the kind, the caller's turn in the line ``line`` (the line
-        form only), its filter and its target."""
-        params = (kind, *turn.line_params(line, kind)) if in_line else (kind,)
-        return (*params, *own(where, turn.target))
+        form only), the ``ask``'s filter and its target."""
+        params = (ask.kind, *turn.line_params(line, ask.kind)) if in_line else (ask.kind,)
+        return (*params, *own(ask.where_sql, ask.target))
 
     # -- a grant's life: renewal, release, checks ------------------------------------------
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,48 @@ if TYPE_CHECKING:
     from resource_lease.db.base import Dialect
 
 
+#: ``Ask.rows``: which rows an ask is for.
+ANY, BY_ID, BY_NAME, READ, WRITE = "any", "id", "name", "read", "write"
+ROWS = (ANY, BY_ID, BY_NAME, READ, WRITE)
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What a caller asks to be granted, one value built once by its entry point: rows of
+    ``kind`` (which of them: the statement says, ``ops(using).grant_any`` and its kin), for
+    ``holder``, for ``ttl`` seconds; a ``where=`` filter (``where``, and ``where_sql`` as the
+    dialect encoded it, once); the ``target`` the row is for ('' for none: a row cooling down
+    for it is not granted, OWN_TARGET); the ``lock_delay`` its grant writes on the row
+    (GRANT_SET: a grant that expires unreleased keeps the row from every grant this long
+    after). Who asks, as the line sees it, is its ``Turn``."""
+
+    kind: str
+    holder: str
+    ttl: float
+    where: Mapping[str, Any] | None = None
+    where_sql: str | None = None
+    target: str = ""
+    lock_delay: float = 0.0
+    #: Which rows: ``ANY`` free row of the kind (the pool's acquire), the row ``pk``
+    #: (``BY_ID``: the holder's lock step, a session's bound resource), the row ``name``
+    #: (``BY_NAME``: locks, elections, members), an rwlock's row ``name`` to ``READ`` or
+    #: ``WRITE``.
+    rows: str = "any"
+    pk: int = 0
+    name: str = ""
+    #: ``BY_ID``: the line the caller waits in ('' the kind's; a session's bound row: its name).
+    line: str = ""
+
+    def __post_init__(self) -> None:
+        if self.rows not in ROWS:
+            raise ValueError(f"Ask.rows must be one of {', '.join(ROWS)}, got {self.rows!r}")
+
+    @property
+    def line_name(self) -> str:
+        """The line this ask waits in ('' for any row of the kind; else a row's own line)."""
+        return self.line if self.rows in (ANY, BY_ID) else self.name
+
+
 @dataclass(frozen=True)
 class Turn:
     """Who asks for a grant, as the line of waiters sees it: the caller's place in line (its
@@ -29,30 +71,16 @@ class Turn:
 
     place: int = 0
     priority: int = 0
-    #: The caller's ``lock_delay`` (seconds): the grant writes it on the row (GRANT_SET); a
-    #: grant of it that expires unreleased keeps the row from every grant this long after.
-    lock_delay: float = 0.0
     #: A newcomer that will take a place if this try fails: it tries the UNMARKED form only
     #: (see ``forms``).
     will_wait: bool = False
     #: Rows the caller's look has just seen free (``Look.free_ids``): a grant in the line form
     #: that would read some free rows first (MySQL's ``acquire_in_line``) tries these instead.
     candidates: tuple[int, ...] = ()
-    #: What the caller will use the row for (``acquire(target=...)``): a row cooling down for
-    #: it is not granted (OWN_TARGET). '' for none.
-    target: str = ""
 
     def trying(self, candidates: tuple[int, ...]) -> Turn:
         """This turn, with the rows its look saw free to try first."""
         return self if candidates == self.candidates else replace(self, candidates=candidates)
-
-    def with_delay(self, lock_delay: float) -> Turn:
-        """This turn, asking for ``lock_delay`` on its grant."""
-        return self if lock_delay == self.lock_delay else replace(self, lock_delay=lock_delay)
-
-    def aiming(self, target: str | None) -> Turn:
-        """This turn, for a row not cooling down for ``target`` (None: any)."""
-        return self if (target or "") == self.target else replace(self, target=target or "")
 
     def params(self, line_name: str) -> tuple[Any, ...]:
         """Who is ahead of this turn in the line ``line_name`` ('' for any row of the kind):
@@ -282,7 +310,17 @@ class LineStatements:
     #: Free rows a waiter's look counts at most: as many as a grant counts (LINE_CLEAR).
     LOOK_LIMIT = statements.LINE_ROOM
 
-    def look(self, cursor: Any, *, kind: str, name: str, turn: Turn, where: str | None, shared: bool = False) -> Look:
+    def look(
+        self,
+        cursor: Any,
+        *,
+        kind: str,
+        name: str,
+        turn: Turn,
+        where: str | None,
+        target: str = "",
+        shared: bool = False,
+    ) -> Look:
         """A waiter's look at its line (``Look``): reads only, by primary key and indexes.
         ``shared``: a reader of an rwlock (only writers ahead count; free: open to readers)."""
         me, prio = turn.place, turn.priority
@@ -290,9 +328,9 @@ class LineStatements:
             sql = self.d.sql["LOOK_READ" if shared else "LOOK_NAMED"]
             params: tuple[Any, ...] = (me, kind, name, me, prio, prio, me, kind, name, kind, name)
         else:
-            sql = statements.fill(self.d.statement("LOOK_ANY", where, target=turn.target), limit=str(self.LOOK_LIMIT))
+            sql = statements.fill(self.d.statement("LOOK_ANY", where, target=target), limit=str(self.LOOK_LIMIT))
             ahead = (kind, me, prio, prio, me)
-            params = (me, *ahead, *ahead, kind, *own(where, turn.target), kind, turn.target, kind)
+            params = (me, *ahead, *ahead, kind, *own(where, target), kind, target, kind)
         cursor.execute(sql, params)
         live, ahead_n, filtered, free, next_at, now, cooled_at = cursor.fetchall()[0]
         # A count, or (LOOK_FREE listing them) the free rows' ids, comma-separated, or NULL.

@@ -120,11 +120,14 @@ class LineOperations:
         """Drop every line's expired places (lines nobody enters again too); how many."""
         return run_repeatable(self.alias, lambda d, c: d.line.purge_lines(c), what="purging the lines")
 
-    def look(self, kind: str, name: str, *, turn: Turn, where: str | None, shared: bool = False) -> Look:
-        """A waiter's look at its line (reads only; ``shared``: as a reader of an rwlock)."""
+    def look(
+        self, kind: str, name: str, *, turn: Turn, where: str | None, target: str = "", shared: bool = False
+    ) -> Look:
+        """A waiter's look at its line (reads only; ``target``: the waiter's, '' for none;
+        ``shared``: as a reader of an rwlock)."""
         return run_repeatable(
             self.alias,
-            lambda d, c: d.line.look(c, kind=kind, name=name, turn=turn, where=where, shared=shared),
+            lambda d, c: d.line.look(c, kind=kind, name=name, turn=turn, where=where, target=target, shared=shared),
             what=f"looking at line {kind}",
         )
 

@@ -35,7 +35,7 @@ from resource_lease.db import topics as topic_sql
 from resource_lease.db.base import Dialect, Failure, Row
 from resource_lease.db.clock import NOW_SQL
 from resource_lease.db.grants import LeaseStatements
-from resource_lease.db.line import NEWCOMER, Turn, own
+from resource_lease.db.line import NEWCOMER, Ask, Turn, own
 from resource_lease.db.statements import Returning
 
 ACQUIRE_INDEX = "resource_lease_acquire_idx"  # models.Resource.Meta.indexes
@@ -213,17 +213,7 @@ class MySQLLeases(LeaseStatements):
     d: MySQLDialect
 
     def grant_sampled(
-        self,
-        cursor: Any,
-        *,
-        sampled: Row,
-        kind: str,
-        holder: str,
-        token: str,
-        ttl: float,
-        clock: Any,
-        turn: Turn = NEWCOMER,
-        where: str | None = None,
+        self, cursor: Any, ask: Ask, *, sampled: Row, token: str, clock: Any, turn: Turn = NEWCOMER
     ) -> Row | None:
         """The probe's grant in one statement and no read: the row is the sample's, with what
         the grant wrote put in.
@@ -243,17 +233,13 @@ class MySQLLeases(LeaseStatements):
         load on first access (``DEFERRED``).
         """
         d = self.d
-        ttl_us = d.ttl_param(ttl)
+        ttl_us = d.ttl_param(ask.ttl)
         # MariaDB: no lock wait for this statement alone.
         in_line = turn.forms[0]  # a probe is a guess: the scan after it tries the line form
         sql = d.statement(
-            "GRANT_PROBE_NOWAIT" if d.mariadb else "GRANT_PROBE", where, in_line=in_line, target=turn.target
+            "GRANT_PROBE_NOWAIT" if d.mariadb else "GRANT_PROBE", ask.where_sql, in_line=in_line, target=ask.target
         )
-        params = (
-            *self.grant_params(holder, token, ttl_us, turn),
-            sampled[0],
-            *self.grantable(kind, turn, where, in_line=in_line),
-        )
+        params = (*self.grant_params(ask, token), sampled[0], *self.grantable(ask, turn, in_line=in_line))
         try:
             cursor.execute(sql, params)
         except Exception as exc:
@@ -276,39 +262,29 @@ class MySQLLeases(LeaseStatements):
         # The sample's health may be PROBE_REFRESH old: loaded on first access (``Lease.probation``).
         row[at["health_score"]] = row[at["backoff_level"]] = row[at["backoff_seconds"]] = DEFERRED
         row[at["fence"]] = fence
-        row[at["holder"]] = holder
+        row[at["holder"]] = ask.holder
         row[at["grant_token"]] = token
         row[at["acquired_at"]] = row[at["renewed_at"]] = granted_at
         row[at["busy_before"]] = granted_at + dt.timedelta(microseconds=ttl_us)
         row[at["released_at"]] = None
-        row[at["lock_delay"]] = float(turn.lock_delay)
+        row[at["lock_delay"]] = float(ask.lock_delay)
         return row
 
-    def acquire(
-        self,
-        cursor: Any,
-        *,
-        kind: str,
-        holder: str,
-        token: str,
-        ttl: float,
-        turn: Turn = NEWCOMER,
-        where: str | None = None,
-    ) -> Row | None:
+    def acquire(self, cursor: Any, ask: Ask, *, token: str, turn: Turn = NEWCOMER) -> Row | None:
         d = self.d
-        grant = self.grant_params(holder, token, d.ttl_param(ttl), turn)
+        grant = self.grant_params(ask, token)
         for in_line in turn.forms:
             if in_line:
-                row = acquire_in_line(d, cursor, kind=kind, grant=grant, token=token, turn=turn, where=where)
+                row = acquire_in_line(d, cursor, ask, grant=grant, token=token, turn=turn)
                 if row is not None:
                     return row
                 continue
-            grantable = self.grantable(kind, turn, where, in_line=in_line)
+            grantable = self.grantable(ask, turn, in_line=in_line)
             if d.skip_locked:
-                sql = d.statement("ACQUIRE_SCAN_SKIP_LOCKED", where, in_line=in_line, target=turn.target)
+                sql = d.statement("ACQUIRE_SCAN_SKIP_LOCKED", ask.where_sql, in_line=in_line, target=ask.target)
                 params = (*grantable, *grant)
             else:
-                sql = d.statement("ACQUIRE_SCAN", where, in_line=in_line, target=turn.target)
+                sql = d.statement("ACQUIRE_SCAN", ask.where_sql, in_line=in_line, target=ask.target)
                 params = (*grant, *grantable)
             row = d.returning_row(cursor, sql, params, read_params=(token,))
             if row is not None:
@@ -519,7 +495,7 @@ LINE_TRIES = 2
 
 
 def acquire_in_line(
-    dialect: MySQLDialect, cursor: Any, *, kind: str, grant: tuple[Any, ...], token: str, turn: Turn, where: str | None
+    dialect: MySQLDialect, cursor: Any, ask: Ask, *, grant: tuple[Any, ...], token: str, turn: Turn
 ) -> Row | None:
     """A grant in the line form, without the join of the scan (LINE_PICKS above): some free
     rows read (or those the caller's look listed: ``turn.candidates``), then tried by primary
@@ -527,12 +503,16 @@ def acquire_in_line(
     if turn.candidates:  # what the caller's look has just seen free (LOOK_FREE)
         ids = list(turn.candidates)
     else:
-        sql = statements.fill(dialect.statement("LINE_PICKS", where, target=turn.target), limit=str(LINE_PICK_LIMIT))
-        cursor.execute(sql, (kind, *own(where, turn.target)))
+        sql = statements.fill(
+            dialect.statement("LINE_PICKS", ask.where_sql, target=ask.target), limit=str(LINE_PICK_LIMIT)
+        )
+        cursor.execute(sql, (ask.kind, *own(ask.where_sql, ask.target)))
         ids = [pk for (pk,) in cursor.fetchall()]
     random.shuffle(ids)
-    grant_sql = dialect.statement("GRANT_LINE_NOWAIT" if dialect.mariadb else "GRANT_BY_ID", where, target=turn.target)
-    grantable = dialect.leases.grantable(kind, turn, where)
+    grant_sql = dialect.statement(
+        "GRANT_LINE_NOWAIT" if dialect.mariadb else "GRANT_BY_ID", ask.where_sql, target=ask.target
+    )
+    grantable = dialect.leases.grantable(ask, turn)
     for pk in ids[:LINE_TRIES]:
         try:
             row = dialect.returning_row(cursor, grant_sql, (*grant, pk, *grantable), read_params=(pk, token))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from resource_lease.db.base import Dialect, Row, some_kinds
@@ -27,7 +27,7 @@ from resource_lease.db.connections import Disconnected, LockWaitTimeout, lease_c
 from resource_lease.db.cooldown_operations import CooldownOperations
 from resource_lease.db.health_operations import HealthOperations
 from resource_lease.db.item_operations import Claimed, ItemOperations
-from resource_lease.db.line import NEWCOMER, Turn
+from resource_lease.db.line import ANY, BY_ID, BY_NAME, NEWCOMER, READ, Ask, Turn
 from resource_lease.db.line_operations import LineOperations
 from resource_lease.db.session_operations import SessionOperations
 from resource_lease.db.term_operations import TermOperations
@@ -35,9 +35,6 @@ from resource_lease.db.term_operations import TermOperations
 logger = logging.getLogger("resource_lease")
 
 T = TypeVar("T")
-
-#: ``(dialect, cursor, token) -> row``: a granting statement (``grant_any`` and its kin).
-Grant = Callable[[Dialect, Any, str], "Row | None"]
 
 
 class Operations:
@@ -67,11 +64,13 @@ class Operations:
 
     # -- grants: settled by their token --------------------------------------------------------
 
-    def grant(self, kind: str, statement: Grant) -> tuple[Row | None, bool]:
-        """Run a granting statement once under a fresh token: (the granted row or None,
-        whether its outcome was unknown and was settled by reading the token back). A
-        statement rolled back after the bounded lock wait granted nothing."""
+    def grant(self, ask: Ask, turn: Turn = NEWCOMER) -> tuple[Row | None, bool]:
+        """Run the ``ask``'s grant statement once, as ``turn``, under a fresh token: (the
+        granted row or None, whether its outcome was unknown and was settled by reading the
+        token back). A statement rolled back after the bounded lock wait granted nothing."""
         token = secrets.token_hex(16)
+        kind = ask.kind
+        statement = self._grant_statement(ask, turn)
         try:
             row = run(self.alias, lambda d, c: statement(d, c, token), what=f"granting a resource of kind {kind!r}")
         except LockWaitTimeout as exc:
@@ -88,47 +87,20 @@ class Operations:
             return row, True
         return row, False
 
-    def grant_any(
-        self,
-        kind: str,
-        *,
-        holder: str,
-        ttl: float,
-        turn: Turn = NEWCOMER,
-        where: Mapping[str, Any] | None = None,
-        where_sql: str | None = None,
-    ) -> Grant:
-        """Any free row of ``kind`` that is the caller's ``turn`` in line (and matches its
-        ``where``; ``where_sql`` is the same as the dialect encoded it): this thread's probes,
-        then the scan (``db/picking.py``)."""
-        picker = lease_connection(self.alias).picker
-        return lambda d, c, token: picker.grant_any(
-            d, c, kind=kind, holder=holder, token=token, ttl=ttl, turn=turn, where=where, where_sql=where_sql
-        )
-
-    @staticmethod
-    def grant_by_id(
-        pk: int,
-        *,
-        kind: str,
-        holder: str,
-        ttl: float,
-        turn: Turn = NEWCOMER,
-        where_sql: str | None = None,
-        line: str = "",
-    ) -> Grant:
-        """The row ``pk`` if it is free and the caller's turn in ``line`` (the holder's lock
-        step; a session's bound resource, in the row's own line)."""
-        return lambda d, c, token: d.leases.grant(
-            c, pk=pk, kind=kind, holder=holder, token=token, ttl=ttl, turn=turn, where=where_sql, line=line
-        )
-
-    @staticmethod
-    def grant_by_name(kind: str, name: str, *, holder: str, ttl: float, turn: Turn = NEWCOMER) -> Grant:
-        """The row ``(kind, name)`` if it is free and the caller's turn (locks, elections, members)."""
-        return lambda d, c, token: d.leases.grant_named(
-            c, kind=kind, name=name, holder=holder, token=token, ttl=ttl, turn=turn
-        )
+    def _grant_statement(self, ask: Ask, turn: Turn) -> Callable[[Dialect, Any, str], Row | None]:
+        """The ``ask``'s statement as ``(dialect, cursor, token) -> row``: any free row (this
+        thread's probes, then the scan: ``db/picking.py``), a chosen row, a named row, or an
+        rwlock's read or write grant."""
+        if ask.rows == ANY:
+            picker = lease_connection(self.alias).picker
+            return lambda d, c, token: picker.grant_any(d, c, ask, token=token, turn=turn)
+        if ask.rows == BY_ID:
+            return lambda d, c, token: d.leases.grant(c, ask, pk=ask.pk, token=token, turn=turn, line=ask.line)
+        if ask.rows == BY_NAME:
+            return lambda d, c, token: d.leases.grant_named(c, ask, name=ask.name, token=token, turn=turn)
+        if ask.rows == READ:
+            return lambda d, c, token: d.rw.grant_read(c, ask, name=ask.name, token=token, turn=turn)
+        return lambda d, c, token: d.rw.grant_write(c, ask, name=ask.name, token=token, turn=turn)
 
     # -- a grant of ours ---------------------------------------------------------------------------
 
@@ -338,4 +310,4 @@ def ops(alias: str) -> Operations:
     return found
 
 
-__all__ = ["Claimed", "Grant", "Operations", "ops"]
+__all__ = ["Claimed", "Operations", "ops"]

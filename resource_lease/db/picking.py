@@ -34,12 +34,11 @@ import datetime as dt
 import json
 import random
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from resource_lease.conf import lease_settings
 from resource_lease.db.base import Dialect, Row
-from resource_lease.db.line import NEWCOMER, Turn
+from resource_lease.db.line import NEWCOMER, Ask, Turn
 from resource_lease.models import Resource
 from resource_lease.validation import where_matches
 
@@ -132,26 +131,13 @@ class Picker:
             )
         return entry
 
-    def grant_any(
-        self,
-        dialect: Dialect,
-        cursor: Any,
-        *,
-        kind: str,
-        holder: str,
-        token: str,
-        ttl: float,
-        turn: Turn = NEWCOMER,
-        where: Mapping[str, Any] | None = None,
-        where_sql: str | None = None,
-    ) -> Row | None:
-        """Grant any free row of ``kind`` that is the caller's ``turn`` in line (and matches
-        its ``where``; ``where_sql`` is the same filter as the dialect encoded it) under
-        ``token``: probes while they are likely to pay, then the scan. Each is a conditional
-        single statement under the same token and the first that grants ends the attempt, so
-        a lost answer is settled by the token as before."""
+    def grant_any(self, dialect: Dialect, cursor: Any, ask: Ask, *, token: str, turn: Turn = NEWCOMER) -> Row | None:
+        """Grant any free row of the ``ask``'s kind that is the caller's ``turn`` in line (and
+        matches its ``where``) under ``token``: probes while they are likely to pay, then the
+        scan. Each is a conditional single statement under the same token and the first that
+        grants ends the attempt, so a lost answer is settled by the token as before."""
+        kind, where, target = ask.kind, ask.where, ask.target
         entry = self.sample(dialect, cursor, kind)
-        target = turn.target
         if target:
             # The sample does not know the target's cooldowns: a miss may be a row free for
             # others, so it stays in the sample (probed from a copy) and teaches only the
@@ -166,15 +152,7 @@ class Picker:
                 i = random.randrange(len(rows))
                 self.probes += 1
                 row = dialect.leases.grant_sampled(
-                    cursor,
-                    sampled=rows[i],
-                    kind=kind,
-                    holder=holder,
-                    token=token,
-                    ttl=ttl,
-                    clock=entry.clock,
-                    turn=turn,
-                    where=where_sql,
+                    cursor, ask, sampled=rows[i], token=token, clock=entry.clock, turn=turn
                 )
                 if row is not None:
                     self.probe_hits += 1
@@ -197,6 +175,4 @@ class Picker:
                     entry.rows.remove(sampled)
                 if not rows:
                     break
-        return dialect.leases.acquire(
-            cursor, kind=kind, holder=holder, token=token, ttl=ttl, turn=turn, where=where_sql
-        )
+        return dialect.leases.acquire(cursor, ask, token=token, turn=turn)

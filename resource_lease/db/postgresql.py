@@ -16,7 +16,7 @@ from resource_lease.db.answers import Answer
 from resource_lease.db.base import Dialect, Failure, Row
 from resource_lease.db.clock import NOW_SQL
 from resource_lease.db.grants import LeaseStatements
-from resource_lease.db.line import NEWCOMER, LineStatements, Turn
+from resource_lease.db.line import NEWCOMER, Ask, LineStatements, Turn
 from resource_lease.db.rwlock import RwLockStatements
 from resource_lease.db.statements import Returning
 
@@ -302,29 +302,15 @@ class PostgreSQLLeases(LeaseStatements):
     release that hands its row to the head of its line (``PostgreSQLLine.release_to_line``)."""
 
     def grant_sampled(
-        self,
-        cursor: Any,
-        *,
-        sampled: Row,
-        kind: str,
-        holder: str,
-        token: str,
-        ttl: float,
-        clock: Any,
-        turn: Turn = NEWCOMER,
-        where: str | None = None,
+        self, cursor: Any, ask: Ask, *, sampled: Row, token: str, clock: Any, turn: Turn = NEWCOMER
     ) -> Row | None:
         in_line = turn.forms[0]  # a probe is a guess: the scan after it tries the line form
         return self.grant_row(
             cursor,
             "GRANT_SAMPLED",
-            (
-                *self.grant_params(holder, token, self.d.ttl_param(ttl), turn),
-                sampled[0],
-                *self.grantable(kind, turn, where, in_line=in_line),
-            ),
+            (*self.grant_params(ask, token), sampled[0], *self.grantable(ask, turn, in_line=in_line)),
+            ask=ask,
             turn=turn,
-            where=where,
             in_line=in_line,
         )
 

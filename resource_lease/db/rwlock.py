@@ -8,7 +8,7 @@ import datetime as dt
 from typing import TYPE_CHECKING, Any
 
 from resource_lease.db.answers import Answer
-from resource_lease.db.line import NEWCOMER, Turn
+from resource_lease.db.line import NEWCOMER, Ask, Turn
 
 if TYPE_CHECKING:
     from resource_lease.db.base import Dialect
@@ -23,20 +23,18 @@ class RwLockStatements:
     def __init__(self, dialect: Dialect) -> None:
         self.d = dialect
 
-    def grant_read(
-        self, cursor: Any, *, kind: str, name: str, holder: str, token: str, ttl: float, turn: Turn = NEWCOMER
-    ) -> Row | None:
+    def grant_read(self, cursor: Any, ask: Ask, *, name: str, token: str, turn: Turn = NEWCOMER) -> Row | None:
         """A read grant of the row (kind, name) if no writer holds it nor waits ahead of the
         caller's ``turn`` (one conditional UPDATE of the row); the row as granted."""
-        ttl_param = self.d.ttl_param(ttl)
+        ttl_param = self.d.ttl_param(ask.ttl)
         row = self.d.leases.grant_row(
             cursor,
             "RW_READ",
-            (holder, token, ttl_param, ttl_param, float(turn.lock_delay), name, kind, *turn.params(name)),
+            (ask.holder, token, ttl_param, ttl_param, float(ask.lock_delay), name, ask.kind, *turn.params(name)),
+            ask=ask,
             turn=turn,
-            where=None,
             in_line=True,
-            read_params=(kind, name),
+            read_params=(ask.kind, name),
         )
         if row is None:
             return None
@@ -44,23 +42,18 @@ class RwLockStatements:
         granted[self.d.attnames.index("fence")] = row[-1]  # this grant's, whatever was read back
         return granted
 
-    def grant_write(
-        self, cursor: Any, *, kind: str, name: str, holder: str, token: str, ttl: float, turn: Turn = NEWCOMER
-    ) -> Row | None:
+    def grant_write(self, cursor: Any, ask: Ask, *, name: str, token: str, turn: Turn = NEWCOMER) -> Row | None:
         """A write grant of the row (kind, name) if it is free (no live reader nor writer) and
         nobody waits ahead of the caller's ``turn``; the row as granted."""
-        return self.d.leases.grant_row(
+        leases = self.d.leases
+        return leases.grant_row(
             cursor,
             "RW_WRITE",
-            (
-                *self.d.leases.grant_params(holder, token, self.d.ttl_param(ttl), turn),
-                name,
-                *self.d.leases.grantable(kind, turn, None, name),
-            ),
+            (*leases.grant_params(ask, token), name, *leases.grantable(ask, turn, name)),
+            ask=ask,
             turn=turn,
-            where=None,
             in_line=True,
-            read_params=(kind, name, token),
+            read_params=(ask.kind, name, token),
         )
 
     def read_renew(self, cursor: Any, *, pk: int, fence: int, ttl: float) -> dt.datetime | None:

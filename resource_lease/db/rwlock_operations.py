@@ -1,6 +1,6 @@
-"""The named operations of rwlocks (``db/rwlock.py``'s statements): the grants, settled by
-their token as every grant is, and ``ReaderOperations``, what a read grant's ``Lease`` renews,
-checks and releases with.
+"""``ReaderOperations``: what a read grant of an rwlock (``db/rwlock.py``'s statements) renews,
+checks and releases with; its grant is an ``Ask`` to ``READ`` (``Operations.grant``), settled by
+its token as every grant is.
 
 A read grant's release is never run twice: a second run would count another reader of the
 period out and could let a writer in while that reader holds. An answer lost with the
@@ -13,20 +13,9 @@ import datetime as dt
 import logging
 
 from resource_lease.db.connections import Disconnected, run, run_repeatable
-from resource_lease.db.line import NEWCOMER, Turn
-from resource_lease.db.operations import Grant, Operations
+from resource_lease.db.operations import Operations
 
 logger = logging.getLogger("resource_lease")
-
-
-def grant_read(kind: str, name: str, *, holder: str, ttl: float, turn: Turn = NEWCOMER) -> Grant:
-    """A read grant of the rwlock's row ``(kind, name)`` with the caller's ``turn``."""
-    return lambda d, c, token: d.rw.grant_read(c, kind=kind, name=name, holder=holder, token=token, ttl=ttl, turn=turn)
-
-
-def grant_write(kind: str, name: str, *, holder: str, ttl: float, turn: Turn = NEWCOMER) -> Grant:
-    """A write grant of the rwlock's row ``(kind, name)`` with the caller's ``turn``."""
-    return lambda d, c, token: d.rw.grant_write(c, kind=kind, name=name, holder=holder, token=token, ttl=ttl, turn=turn)
 
 
 class ReaderOperations(Operations):
@@ -74,4 +63,4 @@ def reader_ops(alias: str) -> ReaderOperations:
     return found
 
 
-__all__ = ["ReaderOperations", "grant_read", "grant_write", "reader_ops"]
+__all__ = ["ReaderOperations", "reader_ops"]

@@ -14,12 +14,12 @@ import threading
 import time
 
 from resource_lease import metrics, pool
-from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.exceptions import LeaseError, LeaseLost, NoResourceAvailable
 from resource_lease.holder.config import HolderConfig
 from resource_lease.holder.steps import HolderSteps
-from resource_lease.lease import Lease, default_holder, safety_margin
+from resource_lease.lease import Lease, default_holder, making, safety_margin
 from resource_lease.line import Line, Wait, wait_in_line
+from resource_lease.line.granting import Grantor
 from resource_lease.line.wakeups import Waker
 from resource_lease.models import Resource
 from resource_lease.validation import check_holder
@@ -53,8 +53,8 @@ class HolderStateMachine(HolderSteps, threading.Thread, metaclass=abc.ABCMeta):
         self._using = config.using
         self._where = config.where
         self._priority = config.priority
-        # Who asks, as the line sees it, while an acquire waits in line (lock() reads it).
-        self._turn: Turn = NEWCOMER
+        # The wait's grantor while an acquire's attempt runs in line (lock() grants with it).
+        self._grant: Grantor[Lease] | None = None
         # Wakes an acquire waiting in line, so close() and terminate() end it at once.
         self._waker = Waker()
         super().__init__(name=name, daemon=True)
@@ -171,11 +171,11 @@ class HolderStateMachine(HolderSteps, threading.Thread, metaclass=abc.ABCMeta):
             release_quietly(current)
         self._register()
 
-        def attempt(turn: Turn) -> Lease | None:
+        def attempt(grant: Grantor[Lease]) -> Lease | None:
             while True:
                 self._raise_if_cancelled(epoch)
                 try:
-                    lease = self._grab(turn, give_up_if_empty=not in_thread)
+                    lease = self._grab(grant, give_up_if_empty=not in_thread)
                     if lease is None or self._accept(lease, epoch):
                         return lease
                 except (AcquireCancelled, NoResourceAvailable):
@@ -198,6 +198,7 @@ class HolderStateMachine(HolderSteps, threading.Thread, metaclass=abc.ABCMeta):
                     timeout=wait,
                     holder=self.holder,
                     ttl=self._ttl,
+                    make=making(alias=self._using),
                     priority=self._priority,
                     where=self._where_sql(),
                 )

@@ -14,9 +14,10 @@ from django.db.models import QuerySet
 from django.db.models.fields.json import KeyTransform
 
 from resource_lease import signals
-from resource_lease.db.line import NEWCOMER, Turn
+from resource_lease.db.line import ANY, BY_ID, Ask
 from resource_lease.db.operations import ops
-from resource_lease.lease import Lease, attempt_grant, require_kind
+from resource_lease.lease import Lease, making, require_kind
+from resource_lease.line.granting import Grantor, newcomer
 from resource_lease.models import Resource
 
 #: How many rows of a ``search()`` result one attempt tries to lock before backing off.
@@ -30,7 +31,9 @@ class HolderSteps(metaclass=abc.ABCMeta):
     _ttl: float
     _using: str
     _where: dict[str, object] | None
-    _turn: Turn
+    #: The wait's grantor while an attempt runs in the kind's line (``lock()`` grants with
+    #: it, as the caller's turn); None: outside a wait (as a newcomer).
+    _grant: Grantor[Lease] | None
     holder: str
 
     # -- to override ---------------------------------------------------------------
@@ -76,31 +79,20 @@ class HolderSteps(metaclass=abc.ABCMeta):
         It honours the line of waiters (``resource_lease.line``): a candidate a waiter ahead of
         this holder could take is not granted. Returns None if another holder got there first.
         """
-        kind, holder, ttl = self._kind, self.holder, self._ttl
-        statement = ops(self._using).grant_by_id(
-            candidate.pk, kind=kind, holder=holder, ttl=ttl, turn=self._turn, where_sql=self._where_sql()
-        )
-        lease = attempt_grant(kind, ttl=ttl, holder=holder, alias=self._using, statement=statement)
+        grant = self._grant or newcomer(self._using, making(alias=self._using))
+        lease = grant(self._ask(rows=BY_ID, pk=candidate.pk))
         if lease is not None:
             signals.lease_granted.send(sender=Resource, lease=lease)
         return lease
 
-    def _grab(self, turn: Turn, *, give_up_if_empty: bool) -> Lease | None:
-        """One attempt with the caller's ``turn`` in line: the engine's acquire, or lock the
-        first free row ``search()`` found."""
-        self._turn = turn
+    def _grab(self, grant: Grantor[Lease], *, give_up_if_empty: bool) -> Lease | None:
+        """One attempt with the wait's ``grant`` (as the caller's turn in line): the engine's
+        acquire, or lock the first free row ``search()`` found."""
+        self._grant = grant
         try:
             found = self.search()
             if found is None:
-                lease = attempt_grant(
-                    self._kind,
-                    ttl=self._ttl,
-                    holder=self.holder,
-                    alias=self._using,
-                    turn=turn,
-                    where=self._where,
-                    where_sql=self._where_sql(),
-                )
+                lease = grant(self._ask())
                 if lease is not None:
                     signals.lease_granted.send(sender=Resource, lease=lease)
                     return lease
@@ -110,10 +102,15 @@ class HolderSteps(metaclass=abc.ABCMeta):
                     if lease is not None:
                         return lease
         finally:
-            self._turn = NEWCOMER
+            self._grant = None
         if give_up_if_empty:
             require_kind(self._using, self._kind)
         return None
+
+    def _ask(self, *, rows: str = ANY, pk: int = 0) -> Ask:
+        """What the holder asks for: any free row of its kind (or the row ``pk``) matching its
+        ``where``, for its ttl."""
+        return Ask(self._kind, self.holder, self._ttl, where=self._where, where_sql=self._where_sql(), rows=rows, pk=pk)
 
     def _where_sql(self) -> str | None:
         """The holder's ``where`` as its database compares it (``Dialect.encode_where``)."""

@@ -33,6 +33,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from resource_lease import metrics
 from resource_lease.exceptions import DatabaseUnavailable, LeaseError
+from resource_lease.line.granting import grantor
 from resource_lease.line.steps import Attempt, Call, Claim, Pause, Waiting
 from resource_lease.line.threads import Grant, Wait, in_time, left
 from resource_lease.line.wakeups import Handed, Waker
@@ -125,7 +126,7 @@ async def _await_once(wait: Wait[T], waker: AsyncWaker, timeout: float | None, m
             while True:
                 try:
                     if isinstance(step, Attempt):
-                        value = await _granting(wait.attempt, step.turn)
+                        value = await _granting(wait.attempt, grantor(wait.line, step.turn, wait.make))
                     elif isinstance(step, Claim):
                         value = await _granting(waiting.claim, step)
                     elif isinstance(step, Call):

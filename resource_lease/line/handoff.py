@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from resource_lease.db.line import Ask
 from resource_lease.db.operations import ops
 from resource_lease.keeper import keeper
 from resource_lease.line.counters import stats
@@ -23,9 +24,10 @@ from resource_lease.line.places import Place
 
 T = TypeVar("T")
 
-#: How an entry point makes its grant (a Lease) of a row handed to its place, and when the
-#: grant was sent by this machine's monotonic clock; None if it arrived dead.
-Make = Callable[[Sequence[Any], float], T | None]
+#: How an entry point makes its grant (a Lease) of a row granted for an ``Ask`` (or handed to
+#: its place), and when the grant was sent by this machine's monotonic clock; None if it
+#: arrived dead.
+Make = Callable[[Ask, Sequence[Any], float], T | None]
 
 #: The least share of its ttl a grant handed to a place must have left, by the waiter's
 #: clock from when it sent ENTER_LINE, for the waiter to take it as the release described it;
@@ -45,7 +47,7 @@ def claim(place: Place, make: Make[T], *, ttl: float, holder: str, row: int = 0,
         # Granted by a release, which said what (its NOTIFY): the grant lasts at least ttl
         # from when this waiter sent ENTER_LINE (RELEASE, db/postgresql.py), nothing to read.
         stats.handed_unread += 1
-        return make(told, place.entered_at)
+        return make(Ask(place.line.kind, holder, ttl), told, place.entered_at)
     sent_at = time.monotonic()
     claimed = engine.line.claim_handed(place.line.kind, token=place.token, pk=row)
     if claimed is None:
@@ -53,7 +55,7 @@ def claim(place: Place, make: Make[T], *, ttl: float, holder: str, row: int = 0,
     values, left = claimed
     # Granted by a release this waiter never saw: its local deadline counts from this read,
     # with the seconds the database said were left (as if sent that much earlier).
-    return make(values, sent_at - max(0.0, ttl - left))
+    return make(Ask(place.line.kind, holder, ttl), values, sent_at - max(0.0, ttl - left))
 
 
 def _as_told(engine: Any, place: Place, grant: Any, *, ttl: float, holder: str) -> Sequence[Any] | None:

@@ -273,8 +273,9 @@ def _purge_now_and_then(line: Line) -> None:
 
 def look(place: Place, where: str | None, shared: bool = False, target: str = "") -> Look:
     stats.looks += 1
-    turn = place.turn.aiming(target)
-    return ops(place.line.alias).line.look(place.line.kind, place.line.name, turn=turn, where=where, shared=shared)
+    return ops(place.line.alias).line.look(
+        place.line.kind, place.line.name, turn=place.turn, where=where, target=target, shared=shared
+    )
 
 
 def waiters(line: Line, limit: int = 10) -> list[WaitingPlace]:

@@ -56,7 +56,8 @@ def _interval(look: Look, pushed: bool) -> float:
 
 @dataclass(frozen=True)
 class Attempt:
-    """Step: run the caller's grant statement with this turn; send back its result."""
+    """Step: the caller's attempt, granting as this turn (``granting.grantor``); send back its
+    result."""
 
     turn: Turn
 
@@ -92,7 +93,8 @@ class Request(Protocol):
     """What a caller asks of the line, built once by its entry point (``line.Wait``): the
     line, who asks and for how long, its priority, ``where=`` (as the dialect encoded it) and
     ``target`` ('' for none), whether it reads an rwlock (``shared``), and how it makes its
-    grant of a row a release hands to its place (``make``; None: its place takes no hand-off)."""
+    grant of a row a release hands to its place (``handed``; None: its place takes no
+    hand-off)."""
 
     @property
     def line(self) -> Line: ...
@@ -111,7 +113,7 @@ class Request(Protocol):
     @property
     def shared(self) -> bool: ...
     @property
-    def make(self) -> Make[Any] | None: ...
+    def handed(self) -> Make[Any] | None: ...
 
 
 class Waiting:
@@ -123,8 +125,8 @@ class Waiting:
         self.line = request.line
         self.shared = request.shared
         #: How the caller makes its grant of a row a release handed to its place; None: its
-        #: place takes no hand-off (``Wait.make``).
-        self.make = request.make
+        #: place takes no hand-off (``Wait.handed``).
+        self.handed = request.handed
         #: How the wait ended: served by a grant of its own, or by reading the grant a release
         #: handed its place (``_claim``).
         self.granted = False
@@ -179,7 +181,7 @@ class Waiting:
                 waker=self.waker,
                 target=self.target,
                 shared=self.shared,
-                handoff=self.make is not None,
+                handoff=self.handed is not None,
             )
             return self.place
         except LockWaitTimeout as exc:
@@ -223,8 +225,8 @@ class Waiting:
 
     def claim(self, step: Claim) -> Any:
         """Run a ``Claim`` step (a database call): the grant, made by the caller, or None."""
-        assert self.make is not None, "a place that takes no hand-off is never handed a row"
-        return handoff.claim(step.place, self.make, ttl=self.ttl, holder=self.holder, row=step.row, grant=step.grant)
+        assert self.handed is not None, "a place that takes no hand-off is never handed a row"
+        return handoff.claim(step.place, self.handed, ttl=self.ttl, holder=self.holder, row=step.row, grant=step.grant)
 
     def _claim(self, place: Place, row: int, grant: tuple[Any, ...] | None = None) -> Generator[Step, Any, Any]:
         """Take the grant a release handed to ``place`` (``row``: the one it named, 0: any;

@@ -11,9 +11,9 @@ from types import TracebackType
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 from resource_lease import metrics
-from resource_lease.db.line import NEWCOMER, Turn
 from resource_lease.exceptions import DatabaseUnavailable
 from resource_lease.line.counters import stats
+from resource_lease.line.granting import Grantor, grantor, newcomer
 from resource_lease.line.handoff import Make
 from resource_lease.line.places import Line
 from resource_lease.line.steps import Attempt, Call, Claim, Pause, Waiting
@@ -38,15 +38,15 @@ class Grant(Protocol):
 
 
 def wait_in_line(wait: Wait[T], waker: Waker | None = None) -> T | None:
-    """Call ``wait.attempt(turn)`` until it grants (returns something other than None) or
+    """Call ``wait.attempt(grant)`` until it grants (returns something other than None) or
     ``wait.timeout`` seconds (None: for ever; 0: one attempt as a newcomer) have passed; then
     None (``conclude`` is the caller's: ``Wait.run``).
 
-    ``attempt`` runs the grant statement with the caller's ``turn`` in its line (a newcomer
-    first, then its place). ``waker``: pass one to be able to interrupt the wait
+    ``grant`` grants the attempt's asks as the caller's turn in its line (a newcomer first,
+    then its place: ``granting.grantor``). ``waker``: pass one to be able to interrupt the wait
     (``waker.wake()``; the next ``attempt`` then raises). A release may hand the caller's place
     its row where the database can; the line takes that grant (``line.handoff``) and
-    ``wait.make`` makes the caller's grant of the row. Exceptions propagate at once, and the
+    ``wait.handed`` makes the caller's grant of the row. Exceptions propagate at once, and the
     place is left on the way out.
 
     A grant that is past its local deadline once the place has been left (a hung node held
@@ -58,7 +58,7 @@ def wait_in_line(wait: Wait[T], waker: Waker | None = None) -> T | None:
         # One attempt as a newcomer: what ``Waiting.steps`` does for it (no place, nothing to
         # listen to or leave; a statement that could not connect raises at once), without the
         # Waker, the steps and their driver, which a caller nobody waits for need not pay for.
-        grant = wait.attempt(NEWCOMER)
+        grant = wait.attempt(newcomer(wait.line.alias, wait.make))
         if grant is None:
             return None
         stats.at_once += 1
@@ -87,14 +87,13 @@ def left(deadline: float | None) -> float | None:
 
 def _wait_once(wait: Wait[T], *, timeout: float | None, waker: Waker | None) -> T | None:
     waiting = Waiting(wait, timeout=timeout, waker=Waker() if waker is None else waker)
-    attempt = wait.attempt
     steps = waiting.steps()
     try:
         step = next(steps)
         while True:
             try:
                 if isinstance(step, Attempt):
-                    value: Any = attempt(step.turn)
+                    value: Any = wait.attempt(grantor(wait.line, step.turn, wait.make))
                 elif isinstance(step, Claim):
                     value = waiting.claim(step)
                 elif isinstance(step, Call):
@@ -139,17 +138,21 @@ class Wait(Generic[T]):
     ``semaphore()`` build one (``lease.acquiring``, ``recipes.locks.locking``, ...) and ``run()``
     it; ``resource_lease.aio`` awaits the same one without blocking the event loop.
 
-    ``attempt(turn)`` is one grant statement with the caller's turn; ``conclude(grant)``
+    ``attempt(grant)`` is one attempt: it grants its asks (``db.line.Ask``) with ``grant``,
+    which the line gives it (a ``granting.Grantor``: as the caller's turn), and its grant is
+    made by ``make``; ``conclude(grant)``
     turns the outcome of the wait (a grant, or None when the timeout ran out) into the
     answer: announce and renew a grant, or raise the refusal (it may read the database, and
     try once more if what it would name was let go meanwhile)."""
 
     line: Line
-    attempt: Callable[[Turn], T | None]
+    attempt: Callable[[Grantor[T]], T | None]
     conclude: Callable[[T | None], T]
     timeout: float | None
     holder: str
     ttl: float
+    #: How the caller makes its grant of a granted row (``lease.making``).
+    make: Make[T]
     priority: int = 0
     where: str | None = None
     #: What the grant is for (``acquire(target=...)``): rows cooling down for it do not serve
@@ -165,7 +168,7 @@ class Wait(Generic[T]):
     #: statement, where the database can (PostgreSQL): the line takes the grant
     #: (``line.handoff``), and nobody else sees it. None: the place takes no hand-off (a grant
     #: with a lock delay, which the hand-off does not write; a reader of an rwlock).
-    make: Make[T] | None = None
+    handed: Make[T] | None = None
 
     def run(self, waker: Waker | None = None) -> T:
         """Wait in this thread; the answer of ``conclude``. The wait is measured

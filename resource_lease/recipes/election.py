@@ -146,12 +146,13 @@ class Election:
 
         return Wait(
             Line(self.using, KIND, self.name),
-            lambda turn: self._row.take(turn=turn),
+            lambda grant: self._row.take(grant=grant),
             conclude,
             timeout=wait,
             holder=self.holder,
             ttl=self.ttl,
-            make=self._row.making(),
+            make=self._row.making(adopt=False),
+            handed=self._row.making(),
         )
 
     def _grant_once(self, *, auto_renew: bool) -> Lease | None:

@@ -22,12 +22,13 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from resource_lease import named
-from resource_lease.db.line import NEWCOMER, Turn
+from resource_lease.db.line import Ask
 from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseLost, LockHeld
-from resource_lease.lease import Lease, OnLost, attempt_grant, default_holder, granted, making
+from resource_lease.lease import Lease, OnLost, default_holder, granted, making
 from resource_lease.line import Line, Wait, waiters
 from resource_lease.line.aio import awaits
+from resource_lease.line.granting import Grantor, newcomer
 from resource_lease.line.threads import runs
 from resource_lease.models import Resource
 from resource_lease.validation import (
@@ -139,15 +140,9 @@ def locking(
         lock_delay=lock_delay,
     )
 
-    def attempt(turn: Turn = NEWCOMER) -> Lease | None:
+    def attempt(grant: Grantor[Lease]) -> Lease | None:
         return named.try_grant(
-            call.using,
-            LOCK_KIND,
-            name,
-            holder=call.holder,
-            ttl=call.ttl,
-            on_lost=call.on_lost,
-            turn=turn.with_delay(call.lock_delay),
+            call.using, LOCK_KIND, name, holder=call.holder, ttl=call.ttl, lock_delay=call.lock_delay, grant=grant
         )
 
     def refusal() -> LockHeld | None:
@@ -211,17 +206,12 @@ def semaphoring(
 
     configure()
 
-    def attempt(turn: Turn = NEWCOMER) -> Lease | None:
-        # The pool's acquire over the slot rows: one conditional statement picks a free,
-        # enabled slot (disabled ones, above the count in force, are never granted).
-        return attempt_grant(
-            kind,
-            ttl=call.ttl,
-            holder=call.holder,
-            alias=call.using,
-            on_lost=call.on_lost,
-            turn=turn.with_delay(call.lock_delay),
-        )
+    # The pool's acquire over the slot rows: one conditional statement picks a free, enabled
+    # slot (disabled ones, above the count in force, are never granted).
+    ask = Ask(kind, call.holder, call.ttl, lock_delay=call.lock_delay)
+
+    def attempt(grant: Grantor[Lease]) -> Lease | None:
+        return grant(ask)
 
     def refusal() -> LockHeld | None:
         snapshot = named.read(call.using, kind)
@@ -299,18 +289,21 @@ def _in_line(line: Line, what: str, *, name: str, timeout: float | None) -> Lock
 
 def lock_wait(
     line: Line,
-    attempt: Callable[[Turn], Lease | None],
+    attempt: Callable[[Grantor[Lease]], Lease | None],
     refusal: Callable[[], LockHeld | None],
     *,
     call: LockCall,
     what: str,
     name: str,
     shared: bool = False,
+    lease_class: type[Lease] = Lease,
 ) -> Wait[Lease]:
     """The wait in ``line`` for a grant up to the call's timeout; past it, ``LockHeld`` naming
     who holds it. If the holder let go between the last attempt and the read that would name
     it, try again (briefly, as a newcomer). ``shared``: a reader of an rwlock (served with the
-    readers ahead of it; it takes no hand-off, and is woken instead)."""
+    readers ahead of it; it takes no hand-off, and is woken instead). ``lease_class``: the
+    grant's (an rwlock's ``ReadLease``)."""
+    make = making(alias=call.using, on_lost=call.on_lost, lease_class=lease_class)
 
     def conclude(lease: Lease | None) -> Lease:
         for _ in range(_RECHECKS):
@@ -319,7 +312,7 @@ def lock_wait(
             error = refusal()
             if error is not None:
                 raise error
-            lease = attempt(NEWCOMER)
+            lease = attempt(newcomer(call.using, make))
         if lease is None:
             raise LockHeld(f"{what} was taken again each time it was seen free; gave up", name=name)
         return granted(lease, auto_renew=call.auto_renew)
@@ -333,11 +326,10 @@ def lock_wait(
         ttl=call.ttl,
         priority=call.priority,
         shared=shared,
+        make=make,
         # A release may hand the row to the head of the line in its own statement (PostgreSQL's
         # RELEASE, a plain grant: no lock delay, and for an rwlock a write grant, readers 0).
-        make=None
-        if shared or call.lock_delay
-        else making(holder=call.holder, ttl=call.ttl, alias=call.using, on_lost=call.on_lost),
+        handed=None if shared or call.lock_delay else make,
     )
 
 

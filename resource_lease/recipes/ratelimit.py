@@ -21,12 +21,13 @@ from typing import Any
 
 from resource_lease import named
 from resource_lease.conf import lease_settings
-from resource_lease.db.line import NEWCOMER, Turn
+from resource_lease.db.line import Ask
 from resource_lease.db.operations import ops
 from resource_lease.exceptions import RateLimited
-from resource_lease.lease import Lease, attempt_grant, default_holder, granted, keep_until_expiry
+from resource_lease.lease import Lease, default_holder, granted, keep_until_expiry, making
 from resource_lease.line import Line, Wait
 from resource_lease.line.aio import arun
+from resource_lease.line.granting import Grantor
 from resource_lease.offload import in_thread
 from resource_lease.recipes.locks import MAX_SLOTS, slot_name
 from resource_lease.validation import Options, check_holder, check_name, check_priority, check_seconds, check_timeout
@@ -108,8 +109,10 @@ class RateLimit:
         named.ensure(alias, kind, [slot_name(i) for i in range(self.n)])
         ops(alias).limit_slots(kind, below=slot_name(self.n))
 
-        def attempt(turn: Turn = NEWCOMER) -> Lease | None:
-            return attempt_grant(kind, ttl=per, holder=holder, alias=alias, turn=turn)
+        ask = Ask(kind, holder, per)
+
+        def attempt(grant: Grantor[Lease]) -> Lease | None:
+            return grant(ask)
 
         def conclude(lease: Lease | None) -> Lease:
             if lease is None:
@@ -126,6 +129,7 @@ class RateLimit:
             timeout=wait,
             holder=holder,
             ttl=float(lease_settings.TTL),
+            make=making(alias=alias),
             priority=self.priority,
         )
 

@@ -16,7 +16,7 @@ served after it, as in ZooKeeper's and Curator's read/write locks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -24,13 +24,14 @@ from django.db import transaction
 
 from resource_lease import named
 from resource_lease.db.clock import DbNow
-from resource_lease.db.line import NEWCOMER, Turn
-from resource_lease.db.operations import Grant, Operations
-from resource_lease.db.rwlock_operations import grant_read, grant_write, reader_ops
+from resource_lease.db.line import READ, WRITE, Ask
+from resource_lease.db.operations import Operations
+from resource_lease.db.rwlock_operations import reader_ops
 from resource_lease.exceptions import LeaseLost, LockHeld
-from resource_lease.lease import Lease, OnLost, attempt_grant
+from resource_lease.lease import Lease, OnLost
 from resource_lease.line import Line, Wait, waiters
 from resource_lease.line.aio import Acquiring
+from resource_lease.line.granting import Grantor
 from resource_lease.models import Resource
 from resource_lease.recipes.locks import LockCall, delayed, lock_wait
 from resource_lease.validation import check_name
@@ -125,29 +126,24 @@ class RwLock:
         )
         name, kind = self.name, RWLOCK_KIND
         line = Line(call.using, kind, name)
-        grant: Callable[..., Grant] = grant_read if shared else grant_write
-        lease_class = ReadLease if shared else Lease
+        ask = Ask(kind, call.holder, call.ttl, rows=READ if shared else WRITE, name=name, lock_delay=call.lock_delay)
 
-        def attempt(turn: Turn = NEWCOMER) -> Lease | None:
-            turn = turn.with_delay(call.lock_delay)
-            statement = grant(kind, name, holder=call.holder, ttl=call.ttl, turn=turn)
+        def attempt(grant: Grantor[Lease]) -> Lease | None:
             named.ensure(call.using, kind, [name])
-            lease = attempt_grant(
-                kind,
-                ttl=call.ttl,
-                holder=call.holder,
-                alias=call.using,
-                on_lost=call.on_lost,
-                statement=statement,
-                turn=turn,
-                lease_class=lease_class,
-            )
+            lease = grant(ask)
             if lease is None and name not in named.read(call.using, kind, [name]).rows:
                 named.forget(call.using, kind, name)  # deleted by an operator: made again
             return lease
 
         return lock_wait(
-            line, attempt, lambda: self._refusal(call, shared=shared), call=call, what=what, name=name, shared=shared
+            line,
+            attempt,
+            lambda: self._refusal(call, shared=shared),
+            call=call,
+            what=what,
+            name=name,
+            shared=shared,
+            lease_class=ReadLease if shared else Lease,
         )
 
     def _refusal(self, call: LockCall, *, shared: bool) -> LockHeld | None:

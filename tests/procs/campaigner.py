@@ -26,7 +26,7 @@ from tests.procs import setup
 
 
 def naive_try_grant(
-    alias: str, kind: str, name: str, *, holder: str, ttl: float, on_lost: Any = None, turn: Any = None
+    alias: str, kind: str, name: str, *, holder: str, ttl: float, on_lost: Any = None, **ignored: Any
 ) -> Any:
     """Look whether the election's row is free, then take it with an unconditional UPDATE."""
     import datetime as dt

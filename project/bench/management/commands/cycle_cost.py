@@ -39,6 +39,7 @@ from django.utils import timezone
 from project.arguments import positive_int
 from project.bench.vendor import SERVER_PROCESSES, cpu_ticks
 from resource_lease.db.connections import close_connections, lease_connection
+from resource_lease.db.line import Ask
 from resource_lease.lease import acquire, default_holder
 from resource_lease.models import Resource
 
@@ -122,9 +123,11 @@ class Command(BaseCommand):
             now = ops.adapt_datetimefield_value(timezone.now())
             plain.execute(f"UPDATE {table} SET busy_before = %s WHERE id = %s", (now, floor_pk))
 
+        ask = Ask(KIND, holder, TTL)
+
         def engine_statements() -> None:
             token = os.urandom(16).hex()
-            row = conn.picker.grant_any(dialect, cursor, kind=KIND, holder=holder, token=token, ttl=TTL)
+            row = conn.picker.grant_any(dialect, cursor, ask, token=token)
             if row is None:
                 raise RuntimeError(f"nothing of {KIND!r} was free for one process alone")
             resource = dialect.to_resource(row)
