@@ -10,8 +10,10 @@ import re
 from pathlib import Path
 
 APP = Path(__file__).resolve().parent.parent / "resource_lease"
-#: A ratchet: the longest class with its in-app bases today is the MySQL dialect (1,052 lines).
-MAX_CLASS_LINES = 1060
+#: A ratchet: the longest class with its in-app bases today is ``ProxyHolder`` on
+#: ``ResourceHolder`` (652 lines); the MySQL dialect was 1,055 before the dialects composed
+#: their statement parts, and is 489.
+MAX_CLASS_LINES = 660
 THREAD_SITES = {"keeper.py", "audit.py", "db/listen.py", "shutdown.py"}
 
 
@@ -140,8 +142,8 @@ def long_classes(paths: list[Path]) -> list[str]:
 
 def test_no_class_with_its_bases_is_over_the_ratchet(tmp_path: Path) -> None:
     """A class is measured with its in-app bases (issue 38: a cap on classes alone made
-    chains of bases with upward stubs). The bound is a ratchet at today's longest, the MySQL
-    dialect with its four bases: it comes down as db/ is composed rather than inherited."""
+    chains of bases with upward stubs). The bound is a ratchet at today's longest
+    (``MAX_CLASS_LINES``): it only comes down."""
     lines = class_lines(list(_modules().values()))
     print("longest classes with their bases:", sorted(lines.items(), key=lambda kv: -kv[1])[:5])
     assert long_classes(list(_modules().values())) == []

@@ -7,7 +7,7 @@ CPU and this process's CPU per cycle for four loops, taking turns round by round
   connection, as in ``lease_bench``;
 - ``lease floor``: two that move ``busy_before`` (the benchmark's lease floor), the same way;
 - ``engine statements``: the engine's grant (``Picker.grant_any``: the probe, else the scan)
-  and its release (``Dialect.release``), called directly: the SQL without the public API;
+  and its release (``LeaseStatements.release``), called directly: the SQL without the public API;
 - ``engine``: ``acquire(kind, timeout=0).release()``, the public API.
 
 ``engine statements`` less ``lease floor`` is what the engine's SQL costs beyond moving the
