@@ -28,8 +28,7 @@ from resource_lease.exceptions import LeaseDatabaseError, LeaseError, LeaseLost,
 from resource_lease.forking import at_fork
 from resource_lease.keeper import dispatch, keeper
 from resource_lease.line.aio import awaits
-from resource_lease.line.granting import Grantor
-from resource_lease.line.handoff import Make
+from resource_lease.line.granting import Grantor, Make
 from resource_lease.line.threads import runs
 from resource_lease.line.wakeups import release as release_row
 from resource_lease.models import Resource

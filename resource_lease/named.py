@@ -32,8 +32,7 @@ from resource_lease.exceptions import LeaseError, LeaseLost
 from resource_lease.forking import at_fork
 from resource_lease.keeper import keeper
 from resource_lease.lease import Lease, OnLost, granted, making
-from resource_lease.line.granting import Grantor, newcomer
-from resource_lease.line.handoff import Make
+from resource_lease.line.granting import Grantor, Make, newcomer
 from resource_lease.models import COORDINATION_PREFIX, Resource
 
 logger = logging.getLogger("resource_lease")

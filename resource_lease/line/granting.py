@@ -11,16 +11,20 @@ point sees a turn.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from resource_lease.db.line import NEWCOMER, Ask, Turn
 from resource_lease.db.operations import ops
 from resource_lease.keeper import keeper
-from resource_lease.line.handoff import Make
 from resource_lease.line.places import Line
 
 T = TypeVar("T")
+
+#: How an entry point makes its grant (a ``Lease``) of a row granted for an ``Ask`` (or handed
+#: to its place: ``line.handoff``), and when the grant was sent by this machine's monotonic
+#: clock; None if it arrived dead.
+Make = Callable[[Ask, Sequence[Any], float], T | None]
 
 #: Grants an ``Ask`` (one attempt); the grant, made by its entry point, or None.
 Grantor = Callable[[Ask], T | None]
@@ -63,4 +67,4 @@ def newcomer(alias: str, make: Make[T]) -> Grantor[T]:
     return lambda ask: grant(alias, ask, NEWCOMER, make)
 
 
-__all__ = ["Grantor", "grant", "grantor", "newcomer"]
+__all__ = ["Grantor", "Make", "grant", "grantor", "newcomer"]

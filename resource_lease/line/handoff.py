@@ -13,21 +13,17 @@ lease of the row (``Wait.make``): the line does the claiming, and no recipe sees
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from resource_lease.db.line import Ask
 from resource_lease.db.operations import ops
 from resource_lease.keeper import keeper
 from resource_lease.line.counters import stats
+from resource_lease.line.granting import Make
 from resource_lease.line.places import Place
 
 T = TypeVar("T")
-
-#: How an entry point makes its grant (a Lease) of a row granted for an ``Ask`` (or handed to
-#: its place), and when the grant was sent by this machine's monotonic clock; None if it
-#: arrived dead.
-Make = Callable[[Ask, Sequence[Any], float], T | None]
 
 #: The least share of its ttl a grant handed to a place must have left, by the waiter's
 #: clock from when it sent ENTER_LINE, for the waiter to take it as the release described it;
@@ -67,4 +63,4 @@ def _as_told(engine: Any, place: Place, grant: Any, *, ttl: float, holder: str) 
     return row
 
 
-__all__ = ["HANDED_UNREAD_MIN", "Make", "claim"]
+__all__ = ["HANDED_UNREAD_MIN", "claim"]

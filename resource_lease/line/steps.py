@@ -15,7 +15,7 @@ from resource_lease.db.line import ARRIVING, NEWCOMER, Look, Turn, left_by_grant
 from resource_lease.exceptions import DatabaseUnavailable
 from resource_lease.line import handoff, leaving, places
 from resource_lease.line.counters import stats
-from resource_lease.line.handoff import Make
+from resource_lease.line.granting import Make
 from resource_lease.line.places import Line, Place, marked_now
 from resource_lease.line.wakeups import Waker, board, listen, pass_turn, pushed, unlisten
 

@@ -13,8 +13,7 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar, runtime_checkable
 from resource_lease import metrics
 from resource_lease.exceptions import DatabaseUnavailable
 from resource_lease.line.counters import stats
-from resource_lease.line.granting import Grantor, grantor, newcomer
-from resource_lease.line.handoff import Make
+from resource_lease.line.granting import Grantor, Make, grantor, newcomer
 from resource_lease.line.places import Line
 from resource_lease.line.steps import Attempt, Call, Claim, Pause, Waiting
 from resource_lease.line.wakeups import Waker
