@@ -115,7 +115,7 @@ def metric_kind(kind: str) -> str:
 # -- waiting -----------------------------------------------------------------------------------
 
 
-class Wait:
+class WaitMeasure:
     """One caller's wait for a grant: ``with waiting(kind) as wait: ...; wait.granted(lease)``.
 
     On exit the wait is observed under its outcome: ``granted`` once ``granted(lease)`` was
@@ -134,7 +134,7 @@ class Wait:
         self.seconds = 0.0
         self.started = 0.0
 
-    def __enter__(self) -> Wait:
+    def __enter__(self) -> WaitMeasure:
         self.started = time.monotonic()
         if _waiters is not None:
             _child(_waiters, self.kind).inc()
@@ -171,9 +171,9 @@ class Wait:
             )
 
 
-def waiting(kind: str, *, using: str, holder: str = "") -> Wait:
-    """Measure a public entry point's wait for a grant of ``kind`` (see ``Wait``)."""
-    return Wait(metric_kind(kind), using, holder)
+def waiting(kind: str, *, using: str, holder: str = "") -> WaitMeasure:
+    """Measure a public entry point's wait for a grant of ``kind`` (see ``WaitMeasure``)."""
+    return WaitMeasure(metric_kind(kind), using, holder)
 
 
 # -- the engine's signals ----------------------------------------------------------------------

@@ -114,7 +114,7 @@ ARRIVING = Turn(will_wait=True)
 
 
 @dataclass(frozen=True)
-class Place:
+class WaiterRow:
     """A live place in a line, as ``Dialect.line_waiters`` reads it."""
 
     id: int
@@ -299,11 +299,11 @@ class LineStatements:
         if "PASS_TURN" in self.d.sql:
             self.d.execute(cursor, "PASS_TURN", (kind, name), answer=Answer.ROWS)
 
-    def line_waiters(self, cursor: Any, *, kind: str, name: str, limit: int) -> list[Place]:
+    def line_waiters(self, cursor: Any, *, kind: str, name: str, limit: int) -> list[WaiterRow]:
         """The first ``limit`` live places of the line (kind, name), in the order of service."""
         cursor.execute(statements.fill(self.d.sql["LINE_WAITERS"], limit=str(int(limit))), (kind, name))
         return [
-            Place(int(pk), holder, int(priority), self.d.to_datetime(since), self.d.to_datetime(expires))
+            WaiterRow(int(pk), holder, int(priority), self.d.to_datetime(since), self.d.to_datetime(expires))
             for pk, holder, priority, since, expires in cursor.fetchall()
         ]
 

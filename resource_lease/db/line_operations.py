@@ -14,7 +14,7 @@ from typing import Any
 
 from resource_lease.db.base import Row
 from resource_lease.db.connections import Disconnected, run, run_repeatable
-from resource_lease.db.line import Look, Place, Turn
+from resource_lease.db.line import Look, Turn, WaiterRow
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ class LineOperations:
             what=f"looking at line {kind}",
         )
 
-    def line_waiters(self, kind: str, name: str, *, limit: int) -> list[Place]:
+    def line_waiters(self, kind: str, name: str, *, limit: int) -> list[WaiterRow]:
         """The first ``limit`` live places of the line, in the order of service."""
         return run_repeatable(
             self.alias,

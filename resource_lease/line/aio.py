@@ -34,7 +34,7 @@ from typing import Any, ParamSpec, TypeVar
 from resource_lease import metrics
 from resource_lease.exceptions import DatabaseUnavailable, LeaseError
 from resource_lease.line.granting import grantor
-from resource_lease.line.steps import Attempt, Call, Claim, Pause, Waiting
+from resource_lease.line.steps import Attempt, Call, ClaimHanded, Pause, Waiting
 from resource_lease.line.threads import Grant, Wait, in_time, left
 from resource_lease.line.wakeups import Handed, Waker
 from resource_lease.offload import in_thread
@@ -117,7 +117,9 @@ async def arun(wait: Wait[T]) -> T:
         return await _granting(wait.finish, grant, measured)  # type: ignore[no-any-return]
 
 
-async def _await_once(wait: Wait[T], waker: AsyncWaker, timeout: float | None, measured: metrics.Wait) -> T | None:
+async def _await_once(
+    wait: Wait[T], waker: AsyncWaker, timeout: float | None, measured: metrics.WaitMeasure
+) -> T | None:
     waiting = Waiting(wait, timeout=timeout, waker=waker)
     steps = waiting.steps()
     try:
@@ -127,7 +129,7 @@ async def _await_once(wait: Wait[T], waker: AsyncWaker, timeout: float | None, m
                 try:
                     if isinstance(step, Attempt):
                         value = await _granting(wait.attempt, grantor(wait.line, step.turn, wait.make))
-                    elif isinstance(step, Claim):
+                    elif isinstance(step, ClaimHanded):
                         value = await _granting(waiting.claim, step)
                     elif isinstance(step, Call):
                         # Cancelled meanwhile, the call still ends before the cleanup below

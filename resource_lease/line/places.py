@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 from resource_lease import renewal
 from resource_lease.conf import lease_settings
-from resource_lease.db.line import Look, Turn
-from resource_lease.db.line import Place as WaitingPlace
+from resource_lease.db.line import Look, Turn, WaiterRow
 from resource_lease.db.operations import ops
 from resource_lease.exceptions import LeaseLost
 from resource_lease.forking import at_fork
@@ -278,7 +277,7 @@ def look(place: Place, where: str | None, shared: bool = False, target: str = ""
     )
 
 
-def waiters(line: Line, limit: int = 10) -> list[WaitingPlace]:
+def waiters(line: Line, limit: int = 10) -> list[WaiterRow]:
     """The first ``limit`` live places of ``line``, in the order they will be served."""
     return ops(line.alias).line.line_waiters(line.kind, line.name, limit=limit)
 

@@ -77,7 +77,7 @@ class Pause:
 
 
 @dataclass(frozen=True)
-class Claim:
+class ClaimHanded:
     """Step: take the grant a release handed to ``place`` (``line.handoff.claim``: the row it
     named, 0 if not known; what it said it granted, or None); send back the grant or None."""
 
@@ -86,7 +86,7 @@ class Claim:
     grant: Any = None
 
 
-Step = Attempt | Call | Claim | Pause
+Step = Attempt | Call | ClaimHanded | Pause
 
 
 class Request(Protocol):
@@ -223,8 +223,8 @@ class Waiting:
         board().add((self.line.alias, self.line.kind, self.line.name), self.waker)
         listen(self.line.alias)
 
-    def claim(self, step: Claim) -> Any:
-        """Run a ``Claim`` step (a database call): the grant, made by the caller, or None."""
+    def claim(self, step: ClaimHanded) -> Any:
+        """Run a ``ClaimHanded`` step (a database call): the grant, made by the caller, or None."""
         assert self.handed is not None, "a place that takes no hand-off is never handed a row"
         return handoff.claim(step.place, self.handed, ttl=self.ttl, holder=self.holder, row=step.row, grant=step.grant)
 
@@ -236,7 +236,7 @@ class Waiting:
         stats.claims += 1
         place.attempting, result = True, None
         try:
-            result = yield Claim(place, row, grant)
+            result = yield ClaimHanded(place, row, grant)
         finally:
             place.attempted(granted=True)  # judged here: a renewal meanwhile found it gone, as we know
         if result is not None:

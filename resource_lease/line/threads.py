@@ -15,7 +15,7 @@ from resource_lease.exceptions import DatabaseUnavailable
 from resource_lease.line.counters import stats
 from resource_lease.line.granting import Grantor, Make, grantor, newcomer
 from resource_lease.line.places import Line
-from resource_lease.line.steps import Attempt, Call, Claim, Pause, Waiting
+from resource_lease.line.steps import Attempt, Call, ClaimHanded, Pause, Waiting
 from resource_lease.line.wakeups import Waker
 
 T = TypeVar("T")
@@ -93,7 +93,7 @@ def _wait_once(wait: Wait[T], *, timeout: float | None, waker: Waker | None) -> 
             try:
                 if isinstance(step, Attempt):
                     value: Any = wait.attempt(grantor(wait.line, step.turn, wait.make))
-                elif isinstance(step, Claim):
+                elif isinstance(step, ClaimHanded):
                     value = waiting.claim(step)
                 elif isinstance(step, Call):
                     value = step.run()
@@ -175,7 +175,7 @@ class Wait(Generic[T]):
         with metrics.waiting(self.line.kind, using=self.line.alias, holder=self.holder) as measured:
             return self.finish(wait_in_line(self, waker), measured)
 
-    def finish(self, grant: T | None, measured: metrics.Wait) -> T:
+    def finish(self, grant: T | None, measured: metrics.WaitMeasure) -> T:
         """``conclude`` the wait, the grant's time recorded before it is announced."""
         if grant is not None:
             measured.granted(grant)  # type: ignore[arg-type]
