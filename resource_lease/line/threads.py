@@ -131,7 +131,7 @@ def runs(build: Callable[P, Wait[T]], name: str) -> Callable[P, T]:
     return entry
 
 
-@dataclass
+@dataclass(frozen=True)
 class Wait(Generic[T]):
     """A checked call that waits in a line for a grant: ``acquire()``, ``lock()``,
     ``semaphore()`` build one (``lease.acquiring``, ``recipes.locks.locking``, ...) and ``run()``
