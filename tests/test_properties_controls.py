@@ -12,7 +12,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from resource_lease import validation
-from resource_lease.db import line
+from resource_lease.db import base
 from resource_lease.models import Resource
 from tests import test_properties_lease as lease_properties
 from tests.properties import budget, names, refused
@@ -53,7 +53,7 @@ def test_negative_control_where_keys_looked_up_as_written_are_caught(monkeypatch
         path = '$."' + key + '"'
         return {"pa": path, "pu": path}
 
-    monkeypatch.setattr(line, "key_paths", as_written)
+    monkeypatch.setattr(base, "key_paths", as_written)
     with pytest.raises(Exception) as failure:  # noqa: B017,PT011  (one failure, or a group of them)
         run(lease_properties.test_where_compares_type_and_value_exactly, 60, pair=lease_properties.data_and_filter())
     assert "did not match" in str(failure.value) or "JSON path" in str(failure.value), failure.value

@@ -232,7 +232,9 @@ def test_a_waiter_behind_one_whose_target_a_freed_row_cools_for_is_served_at_onc
     cooling = next(lease for lease in held if lease.resource.pk == first.resource.pk)
     other = next(lease for lease in held if lease is not cooling)
     env = never_poll(RESOURCE_LEASE_TEST_BLIND_COOLS="1") if variant == "blind-grant" else None
-    for_a = waiter("wait", "--kind", "proxy", "--target", "a", "--timeout", "10")
+    # The waiter for a outlives the waiter for b's timeout with room to spare (a loaded machine):
+    # it is served only once ``other`` is released, after for_b has answered.
+    for_a = waiter("wait", "--kind", "proxy", "--target", "a", "--timeout", "20")
     wait_for_places(1)
     for_b = waiter("wait", "--kind", "proxy", "--target", "b", "--timeout", "6", env=env)
     wait_for_places(2)

@@ -29,7 +29,7 @@ from resource_lease.db import terms as term_sql
 from resource_lease.db import topics as topic_sql
 from resource_lease.db.answers import Answer
 from resource_lease.db.grants import LeaseStatements
-from resource_lease.db.line import LineStatements, key_paths
+from resource_lease.db.line import LineStatements
 from resource_lease.db.rwlock import RwLockStatements
 from resource_lease.db.statements import Returning
 from resource_lease.models import Cooldown, Resource, Waiter
@@ -227,7 +227,9 @@ class Dialect(abc.ABC):
         caller's ``where=`` filter and ``target`` if any."""
         return self.forms[in_line, where is not None, bool(target)][name]
 
-    def execute(self, cursor: Any, name: str, params: Sequence[Any] = (), *, answer: Answer = Answer.NOTHING) -> Any:
+    def execute(
+        self, cursor: Any, name: str, params: Sequence[Any] | Mapping[str, Any] = (), *, answer: Answer = Answer.NOTHING
+    ) -> Any:
         """Run the statement ``name`` (``self.sql``) and read its ``answer``. A result set is
         read whole: SQLite ends the statement (and its lock) only then
         (docs/pitfalls.md#sqlite)."""
@@ -348,6 +350,19 @@ class Dialect(abc.ABC):
         if value.tzinfo is None:
             value = value.replace(tzinfo=dt.UTC)
         return value
+
+
+def key_paths(key: str) -> dict[str, str]:
+    """The JSON paths of ``key`` for the vendors that look a key up as its document spells
+    it (MySQL/MariaDB, SQLite: the stored text, escapes and all): ``pa`` as Python (Django's
+    JSONField, ``json.dumps``) writes it, non-ASCII and control characters escaped
+    (``\\u00e9``), and ``pu`` as writers that keep UTF-8 write it (``é``). A key found under
+    neither is missing (docs/pitfalls.md#json-compared). ``check_where`` refuses the quote and
+    backslash a path cannot carry."""
+    return {
+        "pa": '$."' + json.dumps(key)[1:-1] + '"',
+        "pu": '$."' + json.dumps(key, ensure_ascii=False)[1:-1] + '"',
+    }
 
 
 def some_kinds(dialect: Dialect, cursor: Any, *, limit: int) -> list[str]:

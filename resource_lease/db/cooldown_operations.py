@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from resource_lease.db.answers import Answer
 from resource_lease.db.base import Dialect
 from resource_lease.db.connections import run_repeatable
 
@@ -24,8 +25,7 @@ class CooldownOperations:
         params = {"pk": pk, "holder": holder, "fence": fence, "target": target, "seconds": seconds, "recent": "[]"}
 
         def cool(d: Dialect, c: Any) -> bool:
-            c.execute(d.sql["COOL"], params)
-            return bool(c.rowcount >= 1)
+            return bool(d.execute(c, "COOL", params, answer=Answer.COUNT) >= 1)
 
         return run_repeatable(self.alias, cool, what=f"cooling a resource down for {target!r}")
 
@@ -45,8 +45,7 @@ class CooldownOperations:
         }
 
         def count(d: Dialect, c: Any) -> bool:
-            c.execute(d.sql["COUNT_GRANT"], params)
-            return bool(c.rowcount >= 1)
+            return bool(d.execute(c, "COUNT_GRANT", params, answer=Answer.COUNT) >= 1)
 
         return run_repeatable(self.alias, count, what=f"counting a grant for {target!r}")
 
@@ -55,11 +54,9 @@ class CooldownOperations:
         clock), oldest first; [] if none."""
 
         def read(d: Dialect, c: Any) -> list[float]:
-            c.execute(d.sql["RECENT_READ"], {"pk": pk, "target": target})
-            rows = c.fetchall()
-            if not rows or rows[0][0] is None:
+            value = d.execute(c, "RECENT_READ", {"pk": pk, "target": target}, answer=Answer.VALUE)
+            if value is None:
                 return []
-            value = rows[0][0]
             return [float(t) for t in (json.loads(value) if isinstance(value, (str, bytes)) else value)]
 
         return run_repeatable(self.alias, read, what=f"reading the grants counted for {target!r}")

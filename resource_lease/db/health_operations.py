@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from resource_lease.db.answers import Answer
 from resource_lease.db.base import Dialect
 from resource_lease.db.connections import run_once, run_repeatable
 
@@ -98,8 +99,7 @@ class HealthOperations:
         params = {"pk": pk, "max_uses": max_uses, "max_age": max_age, "reason": reason}
 
         def retire(d: Dialect, c: Any) -> bool:
-            c.execute(d.sql["RETIRE"], params)
-            return bool(c.rowcount == 1)
+            return bool(d.execute(c, "RETIRE", params, answer=Answer.CHANGED_ONE))
 
         return run_repeatable(self.alias, retire, what="retiring a resource")
 
@@ -107,9 +107,8 @@ class HealthOperations:
         """The backoff level of the row ``pk`` now (0 if it is gone)."""
 
         def read(d: Dialect, c: Any) -> int:
-            c.execute(d.sql["LEVEL_READ"], {"pk": pk})
-            rows = c.fetchall()
-            return int(rows[0][0]) if rows else 0
+            level = d.execute(c, "LEVEL_READ", {"pk": pk}, answer=Answer.VALUE)
+            return 0 if level is None else int(level)
 
         return run_repeatable(self.alias, read, what="reading a resource's backoff level")
 
@@ -117,8 +116,7 @@ class HealthOperations:
         """The stored policy of ``kind`` (``db/health.py``'s POLICY_READ columns), or None."""
 
         def read(d: Dialect, c: Any) -> tuple[Any, ...] | None:
-            c.execute(d.sql["POLICY_READ"], {"kind": kind})
-            rows = c.fetchall()
-            return tuple(rows[0]) if rows else None
+            row = d.execute(c, "POLICY_READ", {"kind": kind}, answer=Answer.FIRST)
+            return None if row is None else tuple(row)
 
         return run_repeatable(self.alias, read, what=f"reading the policy of {kind!r}")

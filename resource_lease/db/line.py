@@ -9,7 +9,6 @@ each vendor compares them (docs/pitfalls.md#json-compared).
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -141,19 +140,6 @@ class Look:
     #: Which rows were free, where the look lists them (MySQL: ``LOOK_FREE``); else empty.
     free_ids: tuple[int, ...] = ()
     cooled_at: dt.datetime | None = None
-
-
-def key_paths(key: str) -> dict[str, str]:
-    """The JSON paths of ``key`` for the vendors that look a key up as its document spells
-    it (MySQL/MariaDB, SQLite: the stored text, escapes and all): ``pa`` as Python (Django's
-    JSONField, ``json.dumps``) writes it, non-ASCII and control characters escaped
-    (``\\u00e9``), and ``pu`` as writers that keep UTF-8 write it (``é``). A key found under
-    neither is missing (docs/pitfalls.md#json-compared). ``check_where`` refuses the quote and
-    backslash a path cannot carry."""
-    return {
-        "pa": '$."' + json.dumps(key)[1:-1] + '"',
-        "pu": '$."' + json.dumps(key, ensure_ascii=False)[1:-1] + '"',
-    }
 
 
 def own(where: str | None, target: str = "") -> tuple[Any, ...]:

@@ -345,7 +345,7 @@ class MySQLDialect(Dialect):
         # docs/pitfalls.md#json-compared. JSON_TABLE (MariaDB 10.6+, MySQL 8.0) walks the filter's entries; each key's value in
         # the row must have the same JSON type and, compared byte for byte (BINARY: the
         # connection's collation may ignore case), the same unquoted text.
-        # The key is looked up as the document spells it (line.key_paths: escaped as Python
+        # The key is looked up as the document spells it (base.key_paths: escaped as Python
         # writes it, or in UTF-8); a path can hold neither a raw control character nor an
         # escape the document does not use.
         value = f"JSON_EXTRACT({data}, IF(JSON_CONTAINS_PATH({data}, 'one', f.pa), f.pa, f.pu))"

@@ -22,6 +22,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from resource_lease.db.answers import Answer
 from resource_lease.db.base import Dialect, Row, some_kinds
 from resource_lease.db.connections import Disconnected, LockWaitTimeout, lease_connection, run, run_once, run_repeatable
 from resource_lease.db.cooldown_operations import CooldownOperations
@@ -199,9 +200,8 @@ class Operations:
         """``(version, payload JSON text)`` of ``topic``, None if it was never notified."""
 
         def read(d: Dialect, c: Any) -> tuple[int, str | None] | None:
-            c.execute(d.sql["TOPIC_READ"], {"name": topic})
-            rows = c.fetchall()
-            return None if not rows else (int(rows[0][0]), rows[0][1])
+            row = d.execute(c, "TOPIC_READ", {"name": topic}, answer=Answer.FIRST)
+            return None if row is None else (int(row[0]), row[1])
 
         return run_repeatable(self.alias, read, what=f"read topic {topic!r}")
 
@@ -212,7 +212,7 @@ class Operations:
         def declare(d: Dialect, c: Any) -> dict[str, str]:
             for key, type_name, default in keys:
                 params = {"namespace": namespace, "key": key, "type": type_name, "default": default}
-                c.execute(d.sql["CONFIG_DECLARE"], params)
+                d.execute(c, "CONFIG_DECLARE", params)
             return _types(d, c, namespace)
 
         return run_repeatable(self.alias, declare, what=f"Config({namespace!r}) declaring its keys")
@@ -228,8 +228,7 @@ class Operations:
         params = {"namespace": namespace, "key": key, "type": type_name, "default": default}
 
         def retype(d: Dialect, c: Any) -> bool:
-            c.execute(d.sql["CONFIG_RETYPE"], params)
-            return bool(c.rowcount)
+            return bool(d.execute(c, "CONFIG_RETYPE", params, answer=Answer.COUNT))
 
         return run_repeatable(self.alias, retype, what=f"Config.retype({namespace!r}, {key!r})")
 
@@ -267,8 +266,8 @@ class Operations:
         """``(key, value JSON text or None, version)`` of every stored key of ``namespace``."""
 
         def read(d: Dialect, c: Any) -> list[tuple[str, str | None, int]]:
-            c.execute(d.sql["CONFIG_READ"], {"namespace": namespace})
-            return [(str(k), v, int(n)) for k, v, n in c.fetchall()]
+            rows = d.execute(c, "CONFIG_READ", {"namespace": namespace}, answer=Answer.ROWS)
+            return [(str(k), v, int(n)) for k, v, n in rows]
 
         return run_repeatable(self.alias, read, what=f"Config({namespace!r}) reading")
 
@@ -287,16 +286,15 @@ class Operations:
         """The value of counter ``name`` (0 if it was never added to)."""
 
         def read(d: Dialect, c: Any) -> int:
-            c.execute(d.sql["COUNTER_READ"], {"name": name})
-            rows = c.fetchall()
-            return int(rows[0][0]) if rows else 0
+            value = d.execute(c, "COUNTER_READ", {"name": name}, answer=Answer.VALUE)
+            return 0 if value is None else int(value)
 
         return run_repeatable(self.alias, read, what=f"counter({name!r}).value()")
 
 
 def _types(d: Dialect, c: Any, namespace: str) -> dict[str, str]:
-    c.execute(d.sql["CONFIG_TYPES"], {"namespace": namespace})
-    return {str(k): str(t) for k, t in c.fetchall()}
+    rows = d.execute(c, "CONFIG_TYPES", {"namespace": namespace}, answer=Answer.ROWS)
+    return {str(k): str(t) for k, t in rows}
 
 
 _ops: dict[str, Operations] = {}

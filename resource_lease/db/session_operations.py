@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from resource_lease.db.answers import Answer
 from resource_lease.db.base import Dialect
 from resource_lease.db.connections import run_repeatable
 
@@ -37,11 +38,10 @@ class SessionOperations:
         params = {"kind": kind, "session": session, "idle": float(idle), "target": target or ""}
 
         def read(d: Dialect, c: Any) -> Binding | None:
-            c.execute(d.sql["BINDING_READ"], params)
-            rows = c.fetchall()
-            if not rows:
+            row = d.execute(c, "BINDING_READ", params, answer=Answer.FIRST)
+            if row is None:
                 return None
-            pk, name, enabled, quarantined, data, now, cooled = rows[0]
+            pk, name, enabled, quarantined, data, now, cooled = row
             return Binding(
                 int(pk or 0),
                 name or "",
@@ -58,6 +58,6 @@ class SessionOperations:
         """Bind ``session`` in ``kind`` to the resource ``pk`` now."""
 
         def bind(d: Dialect, c: Any) -> None:
-            c.execute(d.sql["BIND"], {"kind": kind, "session": session, "pk": pk})
+            d.execute(c, "BIND", {"kind": kind, "session": session, "pk": pk})
 
         run_repeatable(self.alias, bind, what=f"binding session {session!r}")

@@ -33,7 +33,7 @@ class SQLiteDialect(Dialect):
         # docs/pitfalls.md#json-compared. json_each walks the filter's entries; each key's value in the row must have the
         # same JSON type (json_type names true and false apart) and, for text and integers,
         # the same text.
-        # The key as the document spells it (line.key_paths): SQLite compares a path's key
+        # The key as the document spells it (base.key_paths): SQLite compares a path's key
         # with the stored text, escapes and all.
         path = (
             f"CASE WHEN json_type({data}, json_extract(f.value, '$.pa')) IS NOT NULL"

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from resource_lease.db.answers import Answer
 from resource_lease.db.base import Dialect
 from resource_lease.db.connections import lease_connection, run_repeatable
 
@@ -25,9 +26,8 @@ class TermOperations:
             c.execute(d.sql["TERM_RECORD"], params)
             if c.description is not None:  # PostgreSQL's form selects its NOTIFY
                 c.fetchall()
-            c.execute(d.sql["TERM_LEADER"], {"election": name, "fence": fence})
-            rows = c.fetchall()
-            return bool(rows) and rows[0][0] == holder
+            leader = d.execute(c, "TERM_LEADER", {"election": name, "fence": fence}, answer=Answer.VALUE)
+            return bool(leader == holder)
 
         return run_repeatable(self.alias, record, what=f"election {name!r} writing down term {fence}")
 
@@ -36,8 +36,8 @@ class TermOperations:
         oldest first (at most ``db.terms.TERMS_READ``)."""
 
         def read(d: Dialect, c: Any) -> list[tuple[int, str]]:
-            c.execute(d.sql["TERMS_AFTER"], {"election": name, "fence": fence})
-            return [(int(f), str(leader)) for f, leader in c.fetchall()]
+            rows = d.execute(c, "TERMS_AFTER", {"election": name, "fence": fence}, answer=Answer.ROWS)
+            return [(int(f), str(leader)) for f, leader in rows]
 
         return run_repeatable(self.alias, read, what=f"election {name!r} reading its terms")
 
@@ -48,7 +48,6 @@ class TermOperations:
             return
 
         def wake(d: Dialect, c: Any) -> None:
-            c.execute(d.sql["TERM_WAKE"], {"channel": channel})
-            c.fetchall()
+            d.execute(c, "TERM_WAKE", {"channel": channel}, answer=Answer.ROWS)
 
         run_repeatable(self.alias, wake, what="waking an election's observers")

@@ -21,22 +21,22 @@ from tests.procs import setup
 
 
 def trust_the_sample() -> None:
-    from resource_lease.db.base import Dialect
     from resource_lease.db.connections import lease_connection
+    from resource_lease.db.grants import LeaseStatements
+    from resource_lease.db.line import Ask
 
-    def trusting_grant(
-        self: Dialect, cursor: Any, *, sampled: Any, kind: str, holder: str, token: str, **_: Any
-    ) -> Any:
+    def trusting_grant(self: LeaseStatements, cursor: Any, ask: Ask, *, sampled: Any, token: str, **_: Any) -> Any:
         # The grant without its free condition, written on the spot: the vendor's RETURNING
         # form (on MySQL the UPDATE and the read of its row, docs/pitfalls.md#no-returning).
-        p = self.placeholder
-        update = f"UPDATE {self.table} SET {self.grant_set} WHERE id = {p} AND kind = {p}"
+        d = self.d
+        p = d.placeholder
+        update = f"UPDATE {d.table} SET {d.grant_set} WHERE id = {p} AND kind = {p}"
         where = f"id = {p} AND grant_token = {p}"
-        sql = self.returning_template.format(update=update, returning=self.columns, read_back=where, table=self.table)
-        params = (holder, token, self.ttl_param(10.0), 0.0, sampled[0], kind)
-        return self.returning_row(cursor, sql, params, read_params=(sampled[0], token))
+        sql = d.returning_template.format(update=update, returning=d.columns, read_back=where, table=d.table)
+        params = (ask.holder, token, d.ttl_param(10.0), 0.0, sampled[0], ask.kind)
+        return d.returning_row(cursor, sql, params, read_params=(sampled[0], token))
 
-    type(lease_connection().dialect).grant_sampled = trusting_grant  # type: ignore[method-assign]
+    type(lease_connection().dialect.leases).grant_sampled = trusting_grant  # type: ignore[method-assign]
 
 
 def main() -> None:
