@@ -27,9 +27,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 PREFIX = "dropped-"
 TTL = 3.0
-#: Seconds to wait for the callbacks: a poll is 0.2 s; room for a loaded machine (in a CI
-#: rehearsal with every backend's shards at once, SQLite's topic watches once delivered
-#: nothing within 30 s, no database error logged: under investigation).
+#: Seconds to wait for the callbacks: a poll is 0.2 s; room for a loaded machine. (The
+#: misses once seen here, with no database error logged, were the child's own lines: its
+#: callbacks print from several threads, and two print() calls interleaved into one line
+#: that named neither row. It now writes each line whole, under a lock.)
 WAIT = 60.0
 ROWS = ["watch", "config", "group-watch", "observe", "start", "joined"]
 

@@ -16,13 +16,22 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
+import threading
 import time
 
 from tests.procs import setup
 
+_out = threading.Lock()
+
 
 def say(row: str, *args: object) -> None:
-    print("CALLED", row, *args, flush=True)
+    # One write per line, under a lock: the callbacks run on several callback threads at
+    # once, and print() writes its pieces one by one, so two lines could interleave
+    # ("CALLED CALLED config group-watch ...") and the test would miss both.
+    line = " ".join(["CALLED", row, *map(str, args)]) + "\n"
+    with _out:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def main() -> int:
