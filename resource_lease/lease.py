@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import logging
 import os
 import socket
@@ -84,14 +83,22 @@ class _Grant:
 # what ``shutdown.give_back_all`` releases on SIGTERM and at exit); a forked child starts empty.
 _granted: dict[tuple[str, int, int], _Grant] = {}
 _granted_lock = threading.Lock()
+#: The size of ``_granted`` at which ``_track`` next sweeps out grants dropped unreleased and
+#: expired by now: twice what the last sweep left (at least ``SWEEP_FROM``), so a process
+#: holding many leases pays O(1) per grant, not a walk of them all.
+SWEEP_FROM = 64
+_sweep_at = SWEEP_FROM
 
 
 def _track(lease: Lease) -> None:
-    now = time.monotonic()
+    global _sweep_at
     with _granted_lock:
-        for key, grant in list(_granted.items()):
-            if grant.until is not None and grant.until <= now:
-                del _granted[key]  # dropped unreleased, and expired by now
+        if len(_granted) >= _sweep_at:
+            now = time.monotonic()
+            for key, grant in list(_granted.items()):
+                if grant.until is not None and grant.until <= now:
+                    del _granted[key]  # dropped unreleased, and expired by now
+            _sweep_at = max(SWEEP_FROM, 2 * len(_granted))
         _granted[(lease.using, lease.resource.pk, lease.fence)] = _Grant(lease)
 
 
@@ -549,7 +556,7 @@ def acquiring(
     # The kind's policy (for retirement), read by the wait's first attempt, before its first
     # grant statement: inside the wait, so a database that is down is the wait's error (its
     # metrics observe it), and never between a grant and its use (cached per process).
-    policy = functools.cache(lambda: health.policy_of(alias, kind))
+    policy = _once(lambda: health.policy_of(alias, kind))
     # A session's binding, read before the wait: a live one to a resource that can serve this
     # call makes the call wait for that resource in its own line (``sessions``).
     binding = (
@@ -643,6 +650,19 @@ def acquiring(
         # no hand-off.
         handed=None if delay or aim is not None or sticky is not None else retiring(make, policy),
     )
+
+
+def _once(read: Callable[[], health.Policy]) -> Callable[[], health.Policy]:
+    """``read``, called at most once (its answer kept): ``functools.cache`` without the
+    wrapper it builds, which an uncontended cycle paid for on every call."""
+    kept: list[health.Policy] = []
+
+    def once() -> health.Policy:
+        if not kept:
+            kept.append(read())
+        return kept[0]
+
+    return once
 
 
 def retiring(make: Make[Lease], policy: Callable[[], health.Policy]) -> Make[Lease]:

@@ -124,19 +124,23 @@ class WaitMeasure:
     ``signals.lease_not_granted`` (the audit trail records timeouts from it).
     """
 
-    __slots__ = ("holder", "kind", "outcome", "seconds", "started", "using")
+    __slots__ = ("holder", "kind", "outcome", "seconds", "started", "using", "waits")
 
-    def __init__(self, kind: str, using: str, holder: str) -> None:
+    def __init__(self, kind: str, using: str, holder: str, waits: bool = True) -> None:
         self.kind = kind
         self.using = using
         self.holder = holder
+        #: Whether the caller may wait (a timeout other than 0): only then is it counted in
+        #: the ``resource_lease_waiters`` gauge (one attempt never shows in it: no scrape
+        #: could see it, and the uncontended cycle need not pay two gauge updates for it).
+        self.waits = waits
         self.outcome: str | None = None
         self.seconds = 0.0
         self.started = 0.0
 
     def __enter__(self) -> WaitMeasure:
         self.started = time.monotonic()
-        if _waiters is not None:
+        if _waiters is not None and self.waits:
             _child(_waiters, self.kind).inc()
         return self
 
@@ -158,7 +162,8 @@ class WaitMeasure:
             outcome = "timeout" if issubclass(exc_type, NoResourceAvailable) else "error"
         self.outcome = outcome
         if _waiters is not None:
-            _child(_waiters, self.kind).dec()
+            if self.waits:
+                _child(_waiters, self.kind).dec()
             _child(_wait, self.kind, outcome).observe(self.seconds)
         if outcome != "granted":
             signals.lease_not_granted.send(
@@ -171,9 +176,10 @@ class WaitMeasure:
             )
 
 
-def waiting(kind: str, *, using: str, holder: str = "") -> WaitMeasure:
-    """Measure a public entry point's wait for a grant of ``kind`` (see ``WaitMeasure``)."""
-    return WaitMeasure(metric_kind(kind), using, holder)
+def waiting(kind: str, *, using: str, holder: str = "", waits: bool = True) -> WaitMeasure:
+    """Measure a public entry point's wait for a grant of ``kind`` (see ``WaitMeasure``;
+    ``waits``: False for one attempt, ``timeout=0``)."""
+    return WaitMeasure(metric_kind(kind), using, holder, waits)
 
 
 # -- the engine's signals ----------------------------------------------------------------------

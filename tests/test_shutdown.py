@@ -130,3 +130,27 @@ def test_a_celery_worker_process_installs_the_handler(signal_name: str) -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], env=worker_env(), cwd=REPO, capture_output=True, text=True)
     assert done.stdout.strip() == "True", done.stderr
+
+
+@pytest.mark.parametrize("sweep", [True, False], ids=["sweep", "negative-control-no-sweep"])
+def test_grants_dropped_unreleased_and_expired_are_forgotten(make_pool: Any, monkeypatch: Any, sweep: bool) -> None:
+    """What SIGTERM would give back forgets a lease dropped unreleased once its row has
+    expired, swept when the record doubles (O(1) per grant, not a walk of every held lease).
+    Negative control: no sweep, and the first batch is still there."""
+    import time
+
+    from resource_lease import lease as lease_module
+
+    # From the first threshold (an earlier test may have left it higher), or never.
+    monkeypatch.setattr(lease_module, "_sweep_at", lease_module.SWEEP_FROM if sweep else 10**9)
+    make_pool("sd-sweep", 2 * lease_module.SWEEP_FROM)
+    first = []
+    for _ in range(lease_module.SWEEP_FROM):
+        dropped = acquire("sd-sweep", ttl=0.3)
+        first.append((dropped.using, dropped.resource.pk, dropped.fence))
+        del dropped  # never released: held until its ttl
+    time.sleep(0.6)  # every row of the first batch has expired by now
+    for _ in range(lease_module.SWEEP_FROM):
+        acquire("sd-sweep", ttl=30).release()
+    kept = [key for key in first if key in lease_module._granted]
+    assert (kept == []) if sweep else (len(kept) == len(first)), len(kept)
