@@ -141,7 +141,10 @@ def test_grants_dropped_unreleased_and_expired_are_forgotten(make_pool: Any, mon
 
     from resource_lease import lease as lease_module
 
-    # From the first threshold (an earlier test may have left it higher), or never.
+    # A record of this test's grants alone (in a long test run, earlier tests' unexpired
+    # grants fill the process's record and set when it next sweeps), swept from the first
+    # threshold, or never.
+    monkeypatch.setattr(lease_module, "_granted", {})
     monkeypatch.setattr(lease_module, "_sweep_at", lease_module.SWEEP_FROM if sweep else 10**9)
     make_pool("sd-sweep", 2 * lease_module.SWEEP_FROM)
     first = []
