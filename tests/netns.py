@@ -1,9 +1,12 @@
 """Network namespaces joined by veth links, made and removed by a test: real partitions on
 one machine (iproute2's ``ip netns``; loopback-only addresses, nothing leaves the machine).
 
-A ``Network`` is a bridge in the host's namespace (``10.211.N.254``) and one namespace per
-*site*, each joined to the bridge by a veth pair: the site's end (``10.211.N.<i>``) in its
+A ``Network`` is a bridge in the host's namespace (``10.S.0.254``) and one namespace per
+*site*, each joined to the bridge by a veth pair: the site's end (``10.S.0.<i>``) in its
 namespace, the host's end on the bridge. Processes run in a site with ``site.argv(...)``.
+Each network takes a subnet ``S`` of its own (``claim_subnet``): the backends' test runs go
+on in parallel, and two bridges on one subnet would route one network's packets to the other
+(both of CI's partition tests once timed out connecting, MariaDB's and PostgreSQL's at once).
 
 - ``cut(site)`` takes the host's end of the site's link down: every packet to and from the
   site is dropped (no FIN, no RST: the peers' connections hang until their own timeouts),
@@ -19,6 +22,8 @@ permission): the tests skip with that reason.
 
 from __future__ import annotations
 
+import fcntl
+import ipaddress
 import itertools
 import os
 import shutil
@@ -29,6 +34,35 @@ import time
 from dataclasses import dataclass, field
 
 _networks = itertools.count()
+
+SUBNETS = range(200, 250)  # 10.200.0.0/24 .. 10.249.0.0/24
+_LOCKS = "/tmp/resource-lease-netns"
+
+
+def claim_subnet() -> tuple[int, int]:
+    """A subnet no other network on this machine uses, and the file lock that holds it.
+
+    The lock (an ``flock`` on ``/tmp/resource-lease-netns/<S>.lock``) keeps other test
+    processes off the subnet until ``release_subnet``, and dies with the process; a subnet
+    some address of the host's already lies in is skipped too."""
+    os.makedirs(_LOCKS, exist_ok=True)
+    taken = _ip("-o", "-4", "addr", "show").stdout
+    used = {ipaddress.ip_interface(word).network for word in taken.split() if "/" in word and word[0].isdigit()}
+    for subnet in SUBNETS:
+        if ipaddress.ip_network(f"10.{subnet}.0.0/24") in used:
+            continue
+        fd = os.open(f"{_LOCKS}/{subnet}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return subnet, fd
+    raise RuntimeError(f"no free subnet among 10.{SUBNETS.start}-{SUBNETS.stop - 1}.0.0/24 for a test network")
+
+
+def release_subnet(fd: int) -> None:
+    os.close(fd)  # closing the descriptor drops the flock
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -65,15 +99,20 @@ class Network:
     """A bridge and its sites; ``close()`` (or the context manager) removes everything."""
 
     prefix: str = field(default_factory=lambda: f"rl{os.getpid() % 10000}x{next(_networks)}")
-    subnet: int = 211
     sites: dict[str, Site] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.subnet, self._lock = claim_subnet()
         self.bridge = f"{self.prefix}br"
         self.host_address = f"10.{self.subnet}.0.254"
-        _ip("link", "add", self.bridge, "type", "bridge")
-        _ip("addr", "add", f"{self.host_address}/24", "dev", self.bridge)
-        _ip("link", "set", self.bridge, "up")
+        try:
+            _ip("link", "add", self.bridge, "type", "bridge")
+            _ip("addr", "add", f"{self.host_address}/24", "dev", self.bridge)
+            _ip("link", "set", self.bridge, "up")
+        except BaseException:
+            _ip("link", "del", self.bridge, check=False)
+            release_subnet(self._lock)
+            raise
 
     def __enter__(self) -> Network:
         return self
@@ -131,6 +170,9 @@ class Network:
             _ip("netns", "del", site.name, check=False)
         self.sites.clear()
         _ip("link", "del", self.bridge, check=False)
+        if self._lock >= 0:
+            release_subnet(self._lock)
+            self._lock = -1
 
 
 class Forward:
