@@ -99,6 +99,9 @@ class Nemesis:
     failovers: list[failover.Failover] = field(default_factory=list)
     last_failover: float = field(default_factory=time.monotonic)
     failover_start: int = 0
+    #: Tries at which the cluster was not whole (no failover then), and what status said last.
+    failover_not_whole: int = 0
+    failover_last_status: str = ""
 
     # -- clients ---------------------------------------------------------------------
 
@@ -216,7 +219,11 @@ class Nemesis:
         return True
 
     def _failover(self) -> bool:
-        if failover.patroni("status", timeout=60).returncode != 0:
+        status = failover.patroni("status", timeout=60)
+        if status.returncode != 0:
+            self.failover_not_whole += 1
+            self.failover_last_status = (status.stdout + status.stderr)[-1500:]
+            failover.patroni("reap", timeout=60)  # a stray postmaster keeps a replica from rejoining
             return False  # not whole yet after the last one: a replica still rejoining
         # In turn, from a kind drawn at random (a short run that fails over thrice still
         # meets every kind across runs).

@@ -215,6 +215,11 @@ def run(plan: Plan, *, alias: str, url: str, label: str = "", keep: Path | None 
     report.faults = nemesis.summary()
     report.longest_pause = longest_pause(directory)
     report.failover_seconds = [round(made.seconds, 1) for made in nemesis.failovers]
+    if "failover" in kinds and not nemesis.failovers:
+        report.not_injected["failover"] = (
+            f"the cluster was not whole at any of {nemesis.failover_not_whole} tries"
+            f" (scripts/patroni status said last: {nemesis.failover_last_status or 'nothing'})"
+        )
     report.elapsed = time.monotonic() - started
     if report.violations or keep:
         report.directory = str(directory)
