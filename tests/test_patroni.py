@@ -645,7 +645,7 @@ def test_the_nemesis_fails_the_cluster_over(cluster: Cluster) -> None:
     take the primary away every way)."""
     assert patroni("up").returncode == 0
     answer = subprocess.run(
-        [sys.executable, "manage.py", "nemesis", "--primitive", "lock", "--seconds", "6", "--processes", "4",
+        [sys.executable, "manage.py", "nemesis", "--primitive", "lock", "--seconds", "10", "--processes", "4",
          "--ttl", "1", "--faults", "failover", "--failover-kinds", "switchover", "--restart-every", "1",
          "--database", cluster.url, "--json"],
         cwd=REPO, env={**cluster.env(), "DJANGO_SETTINGS_MODULE": "project.settings"}, capture_output=True, text=True,
@@ -654,6 +654,9 @@ def test_the_nemesis_fails_the_cluster_over(cluster: Cluster) -> None:
     assert answer.returncode == 0, answer.stdout[-3000:] + answer.stderr[-3000:]
     report = json.loads(answer.stdout)[0]
     print(f"patroni nemesis: {report}")
-    assert report["faults"].get("failover_switchover") == 1, (report["not_injected"], report)
+    # 10 s (6 s once made none: the cluster was not whole at any try) make one or two.
+    assert report["faults"].get("failover_switchover", 0) >= 1, (report["not_injected"], report)
     assert report["violations"] == 0 and report["grants"] >= 10, report
-    assert report["longest_pause"] > 0 and len(report["failover_seconds"]) == 1, report
+    assert report["longest_pause"] > 0 and len(report["failover_seconds"]) == report["faults"]["failover_switchover"], (
+        report
+    )
