@@ -86,6 +86,8 @@ class LeaseConnection:
         self.picker = Picker()
         self.pid = os.getpid()
         self._session_of: Any = None
+        #: The cursor kept for the statements of this session (``Dialect.keeps_cursor``).
+        self._kept: Any = None
         _live.add(self)
 
     def ensure(self) -> None:
@@ -93,15 +95,40 @@ class LeaseConnection:
         sent on an open one (a dead session is found by the statement that uses it)."""
         wrapper = self.wrapper
         if wrapper.connection is None or self._session_of is not wrapper.connection:
+            self._kept = None  # the old session's, if any
             self.dialect.connect(float(lease_settings.LOCK_WAIT_TIMEOUT))
             self._session_of = wrapper.connection
 
     def cursor(self) -> Any:
+        """A new cursor of this connection (opened if need be); the caller closes it."""
         self.ensure()
         return self.wrapper.connection.cursor()
 
+    def statement_cursor(self) -> Any:
+        """The cursor for one statement of ``run``: the session's kept one where the dialect
+        keeps one (``Dialect.keeps_cursor``), else a new one; hand it to ``done_with``."""
+        self.ensure()
+        if not self.dialect.keeps_cursor:
+            return self.wrapper.connection.cursor()
+        if self._kept is None:
+            self._kept = self.wrapper.connection.cursor()
+        return self._kept
+
+    def done_with(self, cursor: Any, *, failed: bool) -> None:
+        """A statement's cursor is done with: closed unless it is the kept one, and the kept
+        one too after a statement that failed (the next statement starts from a new one)."""
+        if cursor is self._kept:
+            if not failed:
+                return
+            self._kept = None
+        try:
+            cursor.close()
+        except Exception:  # the statement's own error (if any) is the one that matters
+            logger.debug("closing a lease cursor failed", exc_info=True)
+
     def discard(self) -> None:
         """Forget a connection that failed; the next statement opens a new one."""
+        self._kept = None  # the session's: closed with it
         raw, self.wrapper.connection, self._session_of = self.wrapper.connection, None, None
         self.dialect.disconnected()
         if raw is not None:
@@ -242,14 +269,14 @@ def _run(alias: str, statement: Callable[[Dialect, Any], T], *, what: str) -> T:
                 continue
             raise unavailable(alias, what, error) from exc
         try:
-            cursor = conn.cursor()
+            cursor = conn.statement_cursor()
             try:
-                return statement(conn.dialect, cursor)
-            finally:
-                try:
-                    cursor.close()
-                except Exception:  # the statement's own error (if any) is the one that matters
-                    logger.debug("closing a lease cursor failed", exc_info=True)
+                answer = statement(conn.dialect, cursor)
+            except BaseException:
+                conn.done_with(cursor, failed=True)
+                raise
+            conn.done_with(cursor, failed=False)
+            return answer
         except Exception as exc:
             error = _unwrap(exc)
             failure = conn.dialect.classify(error)

@@ -417,6 +417,7 @@ class PostgreSQLDialect(Dialect):
     json_cast = "CAST({} AS jsonb)"
     where_types = {"str": "string", "int": "number", "true": "boolean", "false": "boolean", "null": "null"}
     line_channel = LINE_CHANNEL
+    keeps_cursor = True
     leases_part = PostgreSQLLeases
     line_part = PostgreSQLLine
     rw_part = PostgreSQLRw
