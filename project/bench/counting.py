@@ -5,7 +5,8 @@ the same thing (one ``execute`` = one round trip, whatever the server does with 
 
 - the engine runs its statements on raw DB-API cursors of its own private connection, out
   of reach of Django's ``execute_wrapper``; ``count_engine_statements()`` wraps the cursors
-  that ``LeaseConnection.cursor()`` hands out (every thread, the renewal thread included);
+  that ``LeaseConnection.new_cursor()`` makes (every thread, the renewal thread included; a
+  kept cursor is wrapped once and counts each statement);
 - the floor, the original algorithm and GET_LOCK go through the worker's Django connection,
   counted with ``connection.execute_wrapper``;
 - redis-py commands are counted by a ``Redis`` subclass (``SET NX PX``, ``EVALSHA``, ...).
@@ -87,12 +88,12 @@ def count_engine_statements() -> None:
         return
     from resource_lease.db.connections import LeaseConnection
 
-    original: Callable[[LeaseConnection], Any] = LeaseConnection.cursor
+    original: Callable[[LeaseConnection], Any] = LeaseConnection.new_cursor
 
-    def cursor(self: LeaseConnection) -> Any:
+    def new_cursor(self: LeaseConnection) -> Any:
         return _CountingCursor(original(self))
 
-    LeaseConnection.cursor = cursor  # type: ignore[method-assign]
+    LeaseConnection.new_cursor = new_cursor  # type: ignore[method-assign]
     _installed = True
 
 

@@ -102,6 +102,10 @@ class LeaseConnection:
     def cursor(self) -> Any:
         """A new cursor of this connection (opened if need be); the caller closes it."""
         self.ensure()
+        return self.new_cursor()
+
+    def new_cursor(self) -> Any:
+        """A new cursor of the open session (every cursor the engine uses is made here)."""
         return self.wrapper.connection.cursor()
 
     def statement_cursor(self) -> Any:
@@ -109,9 +113,9 @@ class LeaseConnection:
         keeps one (``Dialect.keeps_cursor``), else a new one; hand it to ``done_with``."""
         self.ensure()
         if not self.dialect.keeps_cursor:
-            return self.wrapper.connection.cursor()
+            return self.new_cursor()
         if self._kept is None:
-            self._kept = self.wrapper.connection.cursor()
+            self._kept = self.new_cursor()
         return self._kept
 
     def done_with(self, cursor: Any, *, failed: bool) -> None:

@@ -41,7 +41,7 @@ def count_statements() -> list[int]:
     from resource_lease.db import connections as lease_connections
 
     counter = [0]
-    original = lease_connections.LeaseConnection.cursor
+    original = lease_connections.LeaseConnection.new_cursor
 
     class Counting:
         def __init__(self, cursor: Any) -> None:
@@ -54,10 +54,10 @@ def count_statements() -> list[int]:
         def __getattr__(self, name: str) -> Any:
             return getattr(self._cursor, name)
 
-    def cursor(self: Any) -> Any:
+    def new_cursor(self: Any) -> Any:
         return Counting(original(self))
 
-    lease_connections.LeaseConnection.cursor = cursor  # type: ignore[method-assign]
+    lease_connections.LeaseConnection.new_cursor = new_cursor  # type: ignore[method-assign]
     return counter
 
 
