@@ -88,12 +88,15 @@ def count_engine_statements() -> None:
         return
     from resource_lease.db.connections import LeaseConnection
 
-    original: Callable[[LeaseConnection], Any] = LeaseConnection.new_cursor
+    # Where the engine makes its cursors: ``new_cursor``; an earlier checkout measured as
+    # ``--before`` made each in ``cursor``.
+    maker = "new_cursor" if hasattr(LeaseConnection, "new_cursor") else "cursor"
+    original: Callable[[LeaseConnection], Any] = getattr(LeaseConnection, maker)
 
-    def new_cursor(self: LeaseConnection) -> Any:
+    def counted(self: LeaseConnection) -> Any:
         return _CountingCursor(original(self))
 
-    LeaseConnection.new_cursor = new_cursor  # type: ignore[method-assign]
+    setattr(LeaseConnection, maker, counted)
     _installed = True
 
 

@@ -232,6 +232,12 @@ class Dialect(abc.ABC):
         caller's ``where=`` filter and ``target`` if any."""
         return self.forms[in_line, where is not None, bool(target)][name]
 
+    def run_repeated(self, cursor: Any, sql: str, params: tuple[Any, ...]) -> None:
+        """Run ``sql`` with ``params`` as a statement that one caller sends again and again
+        with the same parameters (a waiter's look): here as any other; a vendor whose driver
+        binds on the client may keep the bound text (``MySQLDialect``)."""
+        cursor.execute(sql, params)
+
     def execute(
         self, cursor: Any, name: str, params: Sequence[Any] | Mapping[str, Any] = (), *, answer: Answer = Answer.NOTHING
     ) -> Any:

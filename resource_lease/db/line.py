@@ -317,7 +317,7 @@ class LineStatements:
             sql = statements.fill(self.d.statement("LOOK_ANY", where, target=target), limit=str(self.LOOK_LIMIT))
             ahead = (kind, me, prio, prio, me)
             params = (me, *ahead, *ahead, kind, *own(where, target), kind, target, kind)
-        cursor.execute(sql, params)
+        self.d.run_repeated(cursor, sql, params)
         live, ahead_n, filtered, free, next_at, now, cooled_at = cursor.fetchall()[0]
         # A count, or (LOOK_FREE listing them) the free rows' ids, comma-separated, or NULL.
         ids = tuple(int(pk) for pk in free.split(",")) if isinstance(free, str) else ()
