@@ -140,7 +140,14 @@ class Beat:
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        self.proc.wait(timeout=60)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGUSR1)  # every thread's stack into its log (beat_app)
+            time.sleep(1.0)
+            self.proc.kill()
+            self._out.close()
+            raise AssertionError(f"the beat did not exit 60 s after {sig!r}: {self.log.read_text()[-6000:]}") from None
         self._out.close()
 
 
@@ -285,3 +292,38 @@ def test_the_banner_line_is_indented_like_celerys_own() -> None:
         listed = banner.split("Configuration ->\n", 1)[1].splitlines()
         assert all(line.startswith("    . ") for line in listed), banner
         assert any(line.startswith("    . leader election -> ") for line in listed), banner
+
+
+def test_a_closing_scheduler_resigns_and_a_resignation_that_hangs_does_not_hold_it_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``celery beat`` closes the scheduler from its SIGTERM handler, on the main thread
+    wherever the signal found it: the resignation runs on a thread of its own, waited for a
+    bounded time. A real election resigns (the leadership is free at once); one whose
+    resignation hangs (a lock the interrupted frame holds) is left to end by its ttl, and the
+    close returns. Negative control: the hanging one is still hanging when the close returns."""
+    from resource_lease.contrib.beat import resign_within
+
+    election = Election(f"beat-close-{uuid.uuid4().hex[:6]}", ttl=30, holder="closing")
+    assert election.campaign(timeout=0)
+    resign_within(election, 10.0)
+    assert election.leader() is None
+
+    started, release = threading.Event(), threading.Event()
+
+    class Stuck:
+        name = "stuck"
+
+        def resign(self) -> bool:
+            started.set()
+            return release.wait(30)
+
+    began = time.monotonic()
+    resign_within(Stuck(), 0.3)  # type: ignore[arg-type]
+    took = time.monotonic() - began
+    try:
+        assert started.is_set() and 0.25 <= took < 5.0, took
+        assert not release.is_set()  # the control: it was still hanging
+        assert "resigning 'stuck' took longer than 0.3s" in caplog.text
+    finally:
+        release.set()

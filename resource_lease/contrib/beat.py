@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import random
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,27 @@ if TYPE_CHECKING:
     from resource_lease.recipes.election import Election
 
 logger = logging.getLogger("resource_lease.beat")
+
+#: The most seconds a closing scheduler waits for its resignation (``resign_within``).
+RESIGN_WAIT = 10.0
+
+
+def resign_within(election: Election, seconds: float) -> None:
+    """``election.resign()`` on a thread of its own, waited for at most ``seconds``.
+
+    ``celery beat`` closes the scheduler from its SIGTERM handler, which runs on the main
+    thread wherever the signal found it: possibly inside a lock the resignation needs (a
+    statement of the scheduler's own, a signal's receivers). Resigning on that thread could
+    then wait for ever; on another, it waits for the interrupted frame at worst until the
+    timeout, and the leadership ends by its ttl instead (as the SIGTERM handler of
+    ``resource_lease.shutdown`` gives back on a thread of its own)."""
+    worker = threading.Thread(target=election.resign, name="resource-lease-beat-resign", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        logger.warning(
+            "beat: resigning %r took longer than %gs; the leadership ends by its ttl", election.name, seconds
+        )
 
 
 def _django_ready() -> None:
@@ -219,4 +241,4 @@ class LeaderScheduler(Scheduler):
         finally:
             if self.election is not None and self._leading is not None:
                 self._leading = None
-                self.election.resign()
+                resign_within(self.election, RESIGN_WAIT)

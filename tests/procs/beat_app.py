@@ -11,7 +11,9 @@ that starts from its own in-memory schedule instead of the stored one.
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 from typing import Any
 
 from celery import Celery
@@ -19,6 +21,9 @@ from celery import Celery
 from resource_lease.contrib.beat import LeaderScheduler
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+# SIGUSR1 writes every thread's stack to the beat's log: the test asks for it when a beat
+# does not exit after SIGTERM (once in a rehearsal, with no clue in the log).
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 app = Celery("rl-beat-test", broker=os.environ.get("BEAT_TEST_BROKER_URL", "memory://"))
 app.conf.update(
