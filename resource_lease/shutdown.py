@@ -88,6 +88,17 @@ def give_back_all(timeout: float | None = 10.0) -> GivenBack:
     return given
 
 
+def within(call: Callable[[], object], seconds: float, name: str, *, daemon: bool) -> bool:
+    """Run ``call`` on a thread of its own and wait at most ``seconds`` for it; whether it
+    ended. For work a signal handler starts (this module's, ``contrib.beat``'s close): the
+    handler runs on the main thread wherever the signal found it, possibly inside a lock the
+    work needs, so on that thread the work could wait for ever."""
+    worker = threading.Thread(target=call, name=name, daemon=daemon)
+    worker.start()
+    worker.join(seconds)
+    return not worker.is_alive()
+
+
 class _Handler:
     """The SIGTERM handler ``install_sigterm_handler`` installs (one per process)."""
 
@@ -96,12 +107,10 @@ class _Handler:
         self.previous = previous
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
-        # The giving back runs on a thread of its own: the handler interrupts the main thread
-        # anywhere, possibly inside a lock a release needs. Not a daemon, so if it has to wait
-        # for the main thread to unwind, the interpreter still lets it finish before exiting.
-        worker = threading.Thread(target=give_back_all, args=(self.timeout,), name="resource-lease-sigterm")
-        worker.start()
-        worker.join(self.timeout)
+        # Not a daemon, so if it has to wait for the main thread to unwind, the interpreter
+        # still lets it finish before exiting.
+        timeout = self.timeout
+        within(lambda: give_back_all(timeout), timeout, "resource-lease-sigterm", daemon=False)
         if callable(self.previous):
             self.previous(signum, frame)
             return

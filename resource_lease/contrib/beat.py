@@ -25,7 +25,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import random
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -53,10 +52,9 @@ def resign_within(election: Election, seconds: float) -> None:
     then wait for ever; on another, it waits for the interrupted frame at worst until the
     timeout, and the leadership ends by its ttl instead (as the SIGTERM handler of
     ``resource_lease.shutdown`` gives back on a thread of its own)."""
-    worker = threading.Thread(target=election.resign, name="resource-lease-beat-resign", daemon=True)
-    worker.start()
-    worker.join(seconds)
-    if worker.is_alive():
+    from resource_lease.shutdown import within  # here, not at import: Django is set up by now (_django_ready)
+
+    if not within(election.resign, seconds, "resource-lease-beat-resign", daemon=True):
         logger.warning(
             "beat: resigning %r took longer than %gs; the leadership ends by its ttl", election.name, seconds
         )
