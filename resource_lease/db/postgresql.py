@@ -330,6 +330,9 @@ class PostgreSQLLine(LineStatements):
 
     def __init__(self, dialect: Dialect) -> None:
         super().__init__(dialect)
+        #: The rows whose last release on this connection found them marked (RELEASE told
+        #: turns, or handed the row to a place): their next release runs RELEASE first.
+        self._marked: set[int] = set()
         pieces = dialect.pieces()
         self.leaving = {
             (name, filtered, targeted): LEAVING_LINE.format(
@@ -340,8 +343,20 @@ class PostgreSQLLine(LineStatements):
             for targeted in (False, True)
         }
 
+    #: How many rows a connection remembers as marked (``release_to_line``): a hint, forgotten
+    #: all at once when full (a pool larger than this with a line at every row pays the
+    #: refused RELEASE_UNMARKED again, no more).
+    MARKED_HINTS = 4096
+
     def release_to_line(self, cursor: Any, *, pk: int, holder: str, fence: int) -> tuple[bool, int]:
-        if self.d.execute(cursor, "RELEASE_UNMARKED", (pk, holder, fence), answer=Answer.CHANGED_ONE):
+        # A row whose last release here found it marked (a line kept it) is released with
+        # RELEASE at once: RELEASE_UNMARKED, which a marked row refuses, would cost every
+        # release in a busy line a second statement. Either statement alone is a whole
+        # release; the hint only chooses which one runs first.
+        marked = self._marked
+        if pk not in marked and self.d.execute(
+            cursor, "RELEASE_UNMARKED", (pk, holder, fence), answer=Answer.CHANGED_ONE
+        ):
             return True, 0
         # Autocommit (``connections.run``): RELEASE has committed when the second statement
         # takes its snapshot.
@@ -349,6 +364,12 @@ class PostgreSQLLine(LineStatements):
         if not rows:
             return False, 0
         told, handed_to = rows[0]
+        if told is None and not handed_to:
+            marked.discard(pk)  # no line keeps the row now: RELEASE_UNMARKED first again
+        elif pk not in marked:
+            if len(marked) >= self.MARKED_HINTS:
+                marked.clear()
+            marked.add(pk)
         if told == 0 and not handed_to and self.tells_again:
             self.d.execute(cursor, "TELL_TURNS_AFTER", (pk,), answer=Answer.ROWS)
         return True, int(handed_to)
