@@ -76,6 +76,10 @@ def test_smoke_mode_runs_every_scenario_on_the_test_database(tmp_path: Path) -> 
         assert 0 < engine["jain"] <= 1.0 and engine["gap_p50_ms"] is not None
         # What a waiter costs the database is counted (the line's looks, attempts, places).
         assert engine["statements_per_waiter_s"] and engine["line"]["entered"] >= 0
+        # The baseline of the same run: the same processes on a row each, nobody waiting.
+        unwaited = point["results"]["unwaited"]
+        assert unwaited["grants"] > 0 and unwaited["client_cpu_ms_per_grant"] > 0
+        assert "utilisation" not in unwaited
 
     crawl = _result(tmp_path, "crawl")
     assert list(crawl["results"]) == ["pool", "plain", "peer"]

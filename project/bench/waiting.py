@@ -16,7 +16,16 @@ process's first call at the same instant. Per case and contender:
   everyone takes turns at the rate achieved;
 - the hand-off gap: from each release to the next grant (any process), p50 and p99;
 - for the engine: statements its waiters sent per second of waiting, per waiter (what a
-  waiter costs the database), and the line's own counters (looks, attempts, wake-ups).
+  waiter costs the database), and the line's own counters (looks, attempts, wake-ups);
+- the client CPU per grant (every thread of the waiting processes).
+
+The ``unwaited`` reference runs the engine's workers of the same case on a pool of their own
+with a row for every process, so that nobody waits: the same number of processes on the same
+cores, holding as long, each cycle a grant and a release that find a row free. Its client CPU
+per grant is what a cycle costs under that load without a line, the baseline of the engine's
+waited cycle in the same run (on a machine with fewer cores than processes every cycle costs
+more CPU than ``cycle_cost``'s, measured in one quiet process). Its utilisation, worst wait
+and gaps are left out: nobody waited.
 """
 
 from __future__ import annotations
@@ -85,8 +94,12 @@ def _answers(host: str, port: int) -> bool:
         return False
 
 
+#: The engine on a pool with a row for every process (see the module's docstring).
+UNWAITED = "unwaited"
+
+
 def contenders(*, before: bool, zookeeper_up: bool, redis_url: str | None) -> list[str]:
-    names = ["engine"]
+    names = ["engine", UNWAITED]
     if before:
         names.append("before")
     if zookeeper_up:
@@ -130,6 +143,10 @@ def summarise(case: Case, results: list[dict[str, Any]], duration: float, start:
     fair_wait = (case.processes - case.slots) * duration / total if total else None
     waited = sum(waits)
     statements = sum(r["waiting_statements"] for r in results)
+    client_cpu = 1000 * sum(r.get("cpu", 0.0) for r in results) / total if total else None
+    if name == UNWAITED:
+        # Nobody waited (a row for every process): only what a cycle costs the client.
+        return {"contender": name, "grants": total, "client_cpu_ms_per_grant": client_cpu, "line": {}}
     line: dict[str, int] = {}
     for r in results:
         for key, value in r["line"].items():
@@ -151,7 +168,7 @@ def summarise(case: Case, results: list[dict[str, Any]], duration: float, start:
         # renewals), per second of waiting of one waiter.
         "statements_per_waiter_s": statements / waited if waited and name in ("engine", "before") else None,
         # The waiting processes' CPU (every thread) per grant: a waited cycle's client cost.
-        "client_cpu_ms_per_grant": 1000 * sum(r.get("cpu", 0.0) for r in results) / total if total else None,
+        "client_cpu_ms_per_grant": client_cpu,
         "line": line,
         "grants_per_process": sorted(grants),
     }
@@ -176,6 +193,8 @@ def waiting(ctx: Any) -> dict[str, Any]:
             kind = kind_for(f"waiting:{case.name}")
             if case.what == "pool":
                 seed(ctx.target, kind, case.slots)
+            unwaited = kind_for(f"waiting:{case.name}:{UNWAITED}")
+            seed(ctx.target, unwaited, case.processes)
             spec = {
                 "task": "wait",
                 "what": case.what,
@@ -201,10 +220,13 @@ def waiting(ctx: Any) -> dict[str, Any]:
                         case=case,
                         contender=name,
                         workers=pool,
-                        spec={**spec, "contender": name},
+                        spec=_unwaited(spec, unwaited) if name == UNWAITED else {**spec, "contender": name},
                         duration=plan.waiting_duration,
                     )
                     results.setdefault(name, []).append(figures)
+                    if name == UNWAITED:
+                        ctx.say(f"  {case.name} {name}: client CPU {figures['client_cpu_ms_per_grant']:.2f} ms/grant")
+                        continue
                     ctx.say(
                         f"  {case.name} {name}: utilisation {figures['utilisation']:.2f},"
                         f" Jain {figures['jain']:.3f}, worst wait {figures['worst_wait_s']:.3f}s,"
@@ -223,6 +245,12 @@ def waiting(ctx: Any) -> dict[str, Any]:
     }
 
 
+def _unwaited(spec: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The engine's spec of a case on its own pool with a row for every process (``acquire``,
+    a lock case too: nobody waits, so a lock and a pool's row cost the same statements)."""
+    return {**spec, "contender": "engine", "what": "pool", "kind": kind}
+
+
 def _mean(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Several rounds of one contender on one case: figures averaged, the worst wait the worst."""
     if len(runs) == 1:
@@ -239,7 +267,8 @@ def _mean(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ):
         values = [run[key] for run in runs if run.get(key) is not None]
         merged[key] = sum(values) / len(values) if values else None
-    merged["worst_wait_s"] = max(run["worst_wait_s"] for run in runs)
+    if "worst_wait_s" in merged:
+        merged["worst_wait_s"] = max(run["worst_wait_s"] for run in runs)
     merged["grants"] = sum(run["grants"] for run in runs)
     merged["rounds"] = runs
     return merged

@@ -11,6 +11,7 @@ LABELS = {
     "zookeeper": "kazoo on ZooKeeper",
     "redis-lock": "python-redis-lock",
     "redis-py": "redis-py Lock (0.1 s poll)",
+    "unwaited": "resource_lease, nobody waits (a row per process)",
 }
 COLORS = {
     "engine": "tab:blue",
@@ -55,14 +56,14 @@ def summary(doc: dict[str, Any]) -> list[str]:
                         db["label"],
                         _case(point),
                         name,
-                        _f(r["utilisation"], 2),
-                        _f(r["jain"], 3),
-                        _f(r["worst_wait_s"], 3),
-                        _f(r["worst_x_fair"], 2),
-                        _f(r["gap_p50_ms"], 2),
-                        _f(r["gap_p99_ms"], 2),
+                        _f(r.get("utilisation"), 2),
+                        _f(r.get("jain"), 3),
+                        _f(r.get("worst_wait_s"), 3),
+                        _f(r.get("worst_x_fair"), 2),
+                        _f(r.get("gap_p50_ms"), 2),
+                        _f(r.get("gap_p99_ms"), 2),
                         _f(r["grants"]),
-                        _f(r["statements_per_waiter_s"], 1),
+                        _f(r.get("statements_per_waiter_s"), 1),
                         _f(r.get("client_cpu_ms_per_grant"), 2),
                     ]
                 )
@@ -79,7 +80,7 @@ def plot(doc: dict[str, Any], path: Path) -> Path:
             _no_data(axes[0][col], db)
             continue
         points = db["result"]["points"]
-        names = db["result"]["contenders"]
+        names = [name for name in db["result"]["contenders"] if name != "unwaited"]  # nobody waited
         width = 0.8 / max(1, len(names))
         for row, (key, label, log) in enumerate(
             [
