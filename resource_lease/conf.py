@@ -69,8 +69,9 @@ class LeaseSettings:
     #: The engine's own connections have the server parse and plan each lease statement
     #: once per connection, not on every execution (PostgreSQL: psycopg's server-side
     #: binding and prepared statements, unless the alias's OPTIONS choose
-    #: ``server_side_binding`` or ``prepare_threshold`` themselves). Turn off behind a pooler
-    #: that cannot carry prepared statements (PgBouncer in transaction mode before 1.21).
+    #: ``server_side_binding`` or ``prepare_threshold`` themselves; MariaDB: the probe's grant
+    #: and the release, by SQL ``PREPARE``). Turn off behind a pooler or proxy that cannot
+    #: carry prepared statements (PgBouncer in transaction mode before 1.21, ProxySQL).
     #: Your own connections keep Django's settings.
     PREPARED_STATEMENTS: bool = True
     #: Seconds a dispenser's claim lasts unless renewed, when ``Dispenser`` (or a ``Worker``)

@@ -15,7 +15,8 @@ import pytest
 from django.db import connection
 
 from resource_lease import acquire
-from resource_lease.db.connections import close_connections, run
+from resource_lease.db.connections import close_connections, lease_connection, run
+from resource_lease.db.mysql import MySQLDialect
 from resource_lease.db.postgresql import PREPARE_THRESHOLD, PostgreSQLDialect
 
 CYCLES = PREPARE_THRESHOLD + 5
@@ -84,3 +85,61 @@ def test_by_default_the_engine_binds_on_the_server_and_prepares() -> None:
     off: dict[str, Any] = {}
     PostgreSQLDialect.connect_options(off, 5.0, prepared=False)
     assert "server_side_binding" not in off and "prepare_threshold" not in off
+
+
+# -- MariaDB: the statements of every uncontended cycle, prepared on the server ------------------
+#
+# MySQLdb has no server-side binding: every statement's text is parsed anew by the server. On
+# MariaDB the engine's own connections PREPARE the probe's grant and the release once per
+# session and EXECUTE them with their values (``MySQLDialect.run_hot``); the server's counters
+# of this session say so. ``PREPARED_STATEMENTS = False`` is the negative control.
+
+mariadb_only = pytest.mark.skipif(connection.vendor != "mysql", reason="EXECUTE ... USING values: MariaDB only")
+
+
+@pytest.fixture
+def mariadb(make_pool: Any, fresh_lease_connection: None) -> Any:
+    """A pool of 4 "prep" resources, on MariaDB (MySQL's EXECUTE takes user variables only)."""
+    if not connection.mysql_is_mariadb:
+        pytest.skip("EXECUTE ... USING values: MariaDB only")
+    make_pool("prep", 4)
+
+
+def _session_counters() -> dict[str, int]:
+    def read(dialect: Any, cursor: Any) -> dict[str, int]:
+        cursor.execute("SHOW SESSION STATUS WHERE Variable_name IN ('Com_prepare_sql', 'Com_execute_sql')")
+        return {name: int(value) for name, value in cursor.fetchall()}
+
+    return run("default", read, what="reading the session's counters")
+
+
+@mariadb_only
+def test_mariadb_prepares_a_cycles_statements_once_per_session(mariadb: None) -> None:
+    acquire("prep", ttl=30).release()  # the session opens, and prepares what a cycle sends
+    before = _session_counters()
+    _cycle("prep")
+    after = _session_counters()
+    # Each cycle: its grant and its release executed, nothing prepared again.
+    assert after["Com_execute_sql"] - before["Com_execute_sql"] == 2 * CYCLES, (before, after)
+    assert after["Com_prepare_sql"] == before["Com_prepare_sql"], (before, after)
+    # A new session (the old one lost) has none of them: it prepares them again, and works.
+    lease_connection("default").discard()
+    lease = acquire("prep", ttl=30)
+    assert lease.release()
+    assert _session_counters()["Com_prepare_sql"] == 2
+
+
+@mariadb_only
+def test_mariadb_past_the_prepared_limit_sends_the_text(mariadb: None, monkeypatch: Any) -> None:
+    monkeypatch.setattr(MySQLDialect, "PREPARED_KEPT", 1)  # the grant's form only
+    _cycle("prep")
+    counters = _session_counters()
+    assert counters["Com_prepare_sql"] == 1
+    assert counters["Com_execute_sql"] == CYCLES  # the grants; the releases went as text
+
+
+@mariadb_only
+def test_negative_control_mariadb_with_prepared_statements_off_prepares_nothing(mariadb: None, settings: Any) -> None:
+    settings.RESOURCE_LEASE = {**settings.RESOURCE_LEASE, "PREPARED_STATEMENTS": False}
+    _cycle("prep")
+    assert _session_counters() == {"Com_prepare_sql": 0, "Com_execute_sql": 0}

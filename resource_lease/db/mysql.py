@@ -27,6 +27,7 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.base import DEFERRED
 
+from resource_lease.conf import lease_settings
 from resource_lease.db import counters as counter_sql
 from resource_lease.db import dispenser as item_sql
 from resource_lease.db import galera, statements
@@ -59,6 +60,7 @@ _DISCONNECT = {2002, 2003, 2006, 2013, 2026, 2055, 4031, 1053, 1927}
 _CLIENT_FOUND_ROWS = 2
 #: "BIGINT value is out of range": a counter's sum would leave BIGINT (nothing changed).
 ER_DATA_OUT_OF_RANGE = 1690
+ER_MAX_PREPARED_STMT_COUNT_REACHED = 1461
 
 
 # The probe's LAST_INSERT_ID: fence << 25 | took_over << 24 | the clock's low 24 bits (us).
@@ -241,7 +243,7 @@ class MySQLLeases(LeaseStatements):
         )
         params = (*self.grant_params(ask, token), sampled[0], *self.grantable(ask, turn, in_line=in_line))
         try:
-            cursor.execute(sql, params)
+            d.run_hot(cursor, sql, params)
         except Exception as exc:
             if _found_row_locked(exc):
                 return None  # another transaction has the row locked: a miss, the scan skips it
@@ -316,6 +318,55 @@ class MySQLDialect(Dialect):
         self.galera = False
         #: Statements bound to their parameters by ``run_repeated`` (the newest last).
         self._bound: dict[tuple[str, tuple[Any, ...]], bytes] = {}
+        #: This session's prepared statements (``run_hot``): the name of each text, or None
+        #: for a text the server would not prepare; and whether this session prepares.
+        self._prepared: dict[str, bytes | None] = {}
+        self._prepares = False
+
+    #: ``run_hot``'s statements on MariaDB (the probe's grant calls ``run_hot`` itself).
+    hot_statements = frozenset({"RELEASE"})
+
+    #: The most statements one session prepares (``run_hot``): the release, and the probe's
+    #: grant in the forms the session uses (where=, target=, in line or not). Every session of
+    #: the server shares its ``max_prepared_stmt_count`` (16,382 by default); past it, or
+    #: past this, a statement is sent as text.
+    PREPARED_KEPT = 12
+
+    def run_hot(self, cursor: Any, sql: str, params: Sequence[Any]) -> None:
+        """On MariaDB, a server-side prepared statement (docs/pitfalls.md#prepared-statements):
+        ``PREPARE`` once per session, then ``EXECUTE ... USING`` the values as literals,
+        bound on the client exactly as the driver binds them. The server then parses the
+        statement's text once per session instead of at every call: a third of the engine's
+        statements' server CPU above the lease floor's in ``cycle_cost``. Elsewhere (MySQL's
+        ``EXECUTE`` takes user variables only), or with ``PREPARED_STATEMENTS`` off (a proxy
+        that routes each statement to another server session), the text as any other."""
+        name = self._prepared.get(sql) if self._prepares else None
+        if name is None and self._prepares and sql not in self._prepared:
+            name = self._prepare(cursor, sql)
+        if name is None:
+            cursor.execute(sql, params)
+            return
+        values = b", ".join(map(self.connection.connection.literal, params))
+        cursor.execute(b"EXECUTE " + name + (b" USING " + values if params else b""))
+
+    def _prepare(self, cursor: Any, sql: str) -> bytes | None:
+        """``PREPARE`` ``sql`` (driver placeholders made the server's) in this session; its
+        name, or None (recorded: sent as text from then on) past PREPARED_KEPT or the server's
+        limit. Any other error is the statement's own (a lost connection)."""
+        if len(self._prepared) >= self.PREPARED_KEPT:
+            self._prepared[sql] = None
+            return None
+        name = b"rl_hot_%d" % len(self._prepared)
+        raw = self.connection.connection
+        try:
+            cursor.execute(b"PREPARE " + name + b" FROM " + raw.literal(sql.replace("%s", "?").replace("%%", "%")))
+        except Exception as exc:
+            if getattr(exc, "args", None) and exc.args[0] == ER_MAX_PREPARED_STMT_COUNT_REACHED:
+                self._prepared[sql] = None
+                return None
+            raise
+        self._prepared[sql] = name
+        return name
 
     #: How many bound statements one connection keeps (one per waiter's line and place).
     BOUND_KEPT = 64
@@ -401,6 +452,9 @@ class MySQLDialect(Dialect):
         # Galera: causal reads and UPDATEs (wsrep_sync_wait), only when wsrep is on; with
         # several nodes to choose from, a node that cannot serve is refused here.
         self.galera = galera.setup_session(raw_connection, require_ready=self.rotation is not None)
+        # A new session has no prepared statements (``run_hot``).
+        self._prepared = {}
+        self._prepares = self.mariadb and bool(lease_settings.PREPARED_STATEMENTS)
 
     def returning_row(
         self, cursor: Any, sql: str, params: Sequence[Any], *, read_params: Sequence[Any] = ()
