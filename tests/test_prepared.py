@@ -143,3 +143,25 @@ def test_negative_control_mariadb_with_prepared_statements_off_prepares_nothing(
     settings.RESOURCE_LEASE = {**settings.RESOURCE_LEASE, "PREPARED_STATEMENTS": False}
     _cycle("prep")
     assert _session_counters() == {"Com_prepare_sql": 0, "Com_execute_sql": 0}
+
+
+@mariadb_only
+def test_mariadb_a_repeated_statement_is_prepared_once_and_answers_as_text(mariadb: None) -> None:
+    """``run_repeated`` (a waiter's look): prepared once per session, each call an EXECUTE,
+    with the answer the text gives."""
+
+    def twice(dialect: Any, cursor: Any) -> list[Any]:
+        answers = []
+        for _ in range(2):
+            dialect.run_repeated(cursor, "SELECT %s + 1, %s, %s", (41, "it's", None))
+            answers.append(cursor.fetchall()[0])
+        cursor.execute("SELECT %s + 1, %s, %s", (41, "it's", None))  # the text, bound by the driver
+        answers.append(cursor.fetchall()[0])
+        return answers
+
+    before = _session_counters()
+    answers = run("default", twice, what="a repeated statement")
+    after = _session_counters()
+    assert answers == [(42, "it's", None)] * 3
+    assert after["Com_prepare_sql"] - before["Com_prepare_sql"] == 1
+    assert after["Com_execute_sql"] - before["Com_execute_sql"] == 2

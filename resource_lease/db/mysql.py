@@ -294,6 +294,11 @@ class MySQLLeases(LeaseStatements):
         return None
 
 
+def _execute(name: bytes, values: Sequence[bytes]) -> bytes:
+    """The ``EXECUTE`` of the prepared statement ``name`` with ``values`` (bound literals)."""
+    return b"EXECUTE " + name + (b" USING " + b", ".join(values) if values else b"")
+
+
 class MySQLDialect(Dialect):
     vendor = "mysql"
     # UTC whatever the session time zone (NOW() follows the session's zone), with
@@ -326,11 +331,12 @@ class MySQLDialect(Dialect):
     #: ``run_hot``'s statements on MariaDB (the probe's grant calls ``run_hot`` itself).
     hot_statements = frozenset({"RELEASE"})
 
-    #: The most statements one session prepares (``run_hot``): the release, and the probe's
-    #: grant in the forms the session uses (where=, target=, in line or not). Every session of
+    #: The most statements one session prepares (``run_hot``, ``run_repeated``): the release,
+    #: the probe's grant and a waiter's look in the forms the session uses (where=, target=,
+    #: in line or not). Every session of
     #: the server shares its ``max_prepared_stmt_count`` (16,382 by default); past it, or
     #: past this, a statement is sent as text.
-    PREPARED_KEPT = 12
+    PREPARED_KEPT = 16
 
     def run_hot(self, cursor: Any, sql: str, params: Sequence[Any]) -> None:
         """On MariaDB, a server-side prepared statement (docs/pitfalls.md#prepared-statements):
@@ -340,14 +346,20 @@ class MySQLDialect(Dialect):
         statements' server CPU above the lease floor's in ``cycle_cost``. Elsewhere (MySQL's
         ``EXECUTE`` takes user variables only), or with ``PREPARED_STATEMENTS`` off (a proxy
         that routes each statement to another server session), the text as any other."""
-        name = self._prepared.get(sql) if self._prepares else None
-        if name is None and self._prepares and sql not in self._prepared:
-            name = self._prepare(cursor, sql)
+        name = self._prepared_name(cursor, sql)
         if name is None:
             cursor.execute(sql, params)
             return
-        values = b", ".join(map(self.connection.connection.literal, params))
-        cursor.execute(b"EXECUTE " + name + (b" USING " + values if params else b""))
+        cursor.execute(_execute(name, tuple(map(self.connection.connection.literal, params))))
+
+    def _prepared_name(self, cursor: Any, sql: str) -> bytes | None:
+        """The name of ``sql`` prepared in this session (prepared now if need be), or None:
+        not prepared (``PREPARED_STATEMENTS`` off, not MariaDB, past the limits)."""
+        if not self._prepares:
+            return None
+        if sql in self._prepared:
+            return self._prepared[sql]
+        return self._prepare(cursor, sql)
 
     def _prepare(self, cursor: Any, sql: str) -> bytes | None:
         """``PREPARE`` ``sql`` (driver placeholders made the server's) in this session; its
@@ -374,14 +386,18 @@ class MySQLDialect(Dialect):
     def run_repeated(self, cursor: Any, sql: str, params: tuple[Any, ...]) -> None:
         """MySQLdb binds each statement's parameters on the client, escaping every value and
         formatting the whole text, every time (a waiter's look carries 11 values; binding was
-        16% of a waiting process's main-thread CPU, about half of it the looks'). A statement sent again with the same parameters is bound
-        once, exactly as the driver binds it (``Connection.literal``, then ``%``: the same
-        bytes go to the server), and sent as it is."""
+        16% of a waiting process's main-thread CPU, about half of it the looks'). A statement
+        sent again with the same parameters is bound once, exactly as the driver binds it
+        (``Connection.literal``, then ``%``: the same bytes go to the server), and sent as it
+        is; on MariaDB as the ``EXECUTE`` of the statement prepared once per session
+        (``run_hot``), so that the server does not parse a look's text at every look either."""
         key = (sql, params)
         bound = self._bound.get(key)
         if bound is None:
             raw = self.connection.connection
-            bound = sql.encode(raw.encoding) % tuple(map(raw.literal, params))
+            values = tuple(map(raw.literal, params))
+            name = self._prepared_name(cursor, sql)
+            bound = sql.encode(raw.encoding) % values if name is None else _execute(name, values)
             if len(self._bound) >= self.BOUND_KEPT:
                 del self._bound[next(iter(self._bound))]
             self._bound[key] = bound
@@ -452,8 +468,8 @@ class MySQLDialect(Dialect):
         # Galera: causal reads and UPDATEs (wsrep_sync_wait), only when wsrep is on; with
         # several nodes to choose from, a node that cannot serve is refused here.
         self.galera = galera.setup_session(raw_connection, require_ready=self.rotation is not None)
-        # A new session has no prepared statements (``run_hot``).
-        self._prepared = {}
+        # A new session has no prepared statements (``run_hot``), nor their bound EXECUTEs.
+        self._prepared, self._bound = {}, {}
         self._prepares = self.mariadb and bool(lease_settings.PREPARED_STATEMENTS)
 
     def returning_row(
