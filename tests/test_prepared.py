@@ -165,3 +165,27 @@ def test_mariadb_a_repeated_statement_is_prepared_once_and_answers_as_text(maria
     assert answers == [(42, "it's", None)] * 3
     assert after["Com_prepare_sql"] - before["Com_prepare_sql"] == 1
     assert after["Com_execute_sql"] - before["Com_execute_sql"] == 2
+
+
+@mariadb_only
+def test_mariadb_a_session_that_lost_its_prepared_statements_prepares_them_again(mariadb: None) -> None:
+    """A proxy or the server may reset a session's prepared statements behind our back: the
+    EXECUTE that finds none runs nothing, so the statement goes as text and is prepared again
+    at the next call (without this, every cycle would fail with "Unknown prepared statement
+    handler": the control deallocates them as such a reset would)."""
+    acquire("prep", ttl=30).release()
+    names = [name for name in lease_connection("default").dialect._prepared.values() if name]
+    assert names  # the grant and the release
+
+    def deallocate(dialect: Any, cursor: Any) -> None:
+        for name in names:
+            cursor.execute(b"DEALLOCATE PREPARE " + name)
+
+    run("default", deallocate, what="a reset of the session's prepared statements")
+    before = _session_counters()
+    lease = acquire("prep", ttl=30)  # its EXECUTE finds nothing: sent as text
+    assert lease.release()  # prepared again, and executed
+    after = _session_counters()
+    assert after["Com_prepare_sql"] - before["Com_prepare_sql"] == 1
+    assert after["Com_execute_sql"] - before["Com_execute_sql"] == 2  # the failed one counts
+    _cycle("prep")

@@ -242,10 +242,11 @@ class Dialect(abc.ABC):
     #: ``run_hot``.
     hot_statements: frozenset[str] = frozenset()
 
-    def run_hot(self, cursor: Any, sql: str, params: Sequence[Any]) -> None:
+    def run_hot(self, cursor: Any, sql: str, params: Sequence[Any], *, label: str) -> None:
         """Run ``sql``, a statement every uncontended cycle sends (the probe's grant, the
-        release): here as any other; a vendor that parses each statement's text anew may
-        prepare it on the server once per session (``MySQLDialect`` on MariaDB)."""
+        release; ``label`` names it: "grant", the statement's name): here as any other; a
+        vendor that parses each statement's text anew may prepare it on the server once per
+        session (``MySQLDialect`` on MariaDB)."""
         cursor.execute(sql, params)
 
     def execute(
@@ -255,7 +256,7 @@ class Dialect(abc.ABC):
         read whole: SQLite ends the statement (and its lock) only then
         (docs/pitfalls.md#sqlite)."""
         if name in self.hot_statements:
-            self.run_hot(cursor, self.sql[name], params)  # type: ignore[arg-type]
+            self.run_hot(cursor, self.sql[name], params, label=name)  # type: ignore[arg-type]
         else:
             cursor.execute(self.sql[name], params)
         if answer is Answer.NOTHING:

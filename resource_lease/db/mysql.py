@@ -61,6 +61,7 @@ _CLIENT_FOUND_ROWS = 2
 #: "BIGINT value is out of range": a counter's sum would leave BIGINT (nothing changed).
 ER_DATA_OUT_OF_RANGE = 1690
 ER_MAX_PREPARED_STMT_COUNT_REACHED = 1461
+ER_UNKNOWN_STMT_HANDLER = 1243
 
 
 # The probe's LAST_INSERT_ID: fence << 25 | took_over << 24 | the clock's low 24 bits (us).
@@ -243,7 +244,7 @@ class MySQLLeases(LeaseStatements):
         )
         params = (*self.grant_params(ask, token), sampled[0], *self.grantable(ask, turn, in_line=in_line))
         try:
-            d.run_hot(cursor, sql, params)
+            d.run_hot(cursor, sql, params, label="grant")
         except Exception as exc:
             if _found_row_locked(exc):
                 return None  # another transaction has the row locked: a miss, the scan skips it
@@ -294,6 +295,11 @@ class MySQLLeases(LeaseStatements):
         return None
 
 
+def _unknown_prepared(exc: BaseException) -> bool:
+    """Whether ``exc`` says the session has no such prepared statement (nothing ran)."""
+    return bool(getattr(exc, "args", None)) and exc.args[0] == ER_UNKNOWN_STMT_HANDLER
+
+
 def _execute(name: bytes, values: Sequence[bytes]) -> bytes:
     """The ``EXECUTE`` of the prepared statement ``name`` with ``values`` (bound literals)."""
     return b"EXECUTE " + name + (b" USING " + b", ".join(values) if values else b"")
@@ -338,37 +344,50 @@ class MySQLDialect(Dialect):
     #: past this, a statement is sent as text.
     PREPARED_KEPT = 16
 
-    def run_hot(self, cursor: Any, sql: str, params: Sequence[Any]) -> None:
+    def run_hot(self, cursor: Any, sql: str, params: Sequence[Any], *, label: str) -> None:
         """On MariaDB, a server-side prepared statement (docs/pitfalls.md#prepared-statements):
         ``PREPARE`` once per session, then ``EXECUTE ... USING`` the values as literals,
         bound on the client exactly as the driver binds them. The server then parses the
         statement's text once per session instead of at every call: a third of the engine's
         statements' server CPU above the lease floor's in ``cycle_cost``. Elsewhere (MySQL's
         ``EXECUTE`` takes user variables only), or with ``PREPARED_STATEMENTS`` off (a proxy
-        that routes each statement to another server session), the text as any other."""
-        name = self._prepared_name(cursor, sql)
+        that routes each statement to another server session), the text as any other. The
+        prepared statement is named after ``label`` (``rl_grant_0``, ``rl_release_1``): what
+        an EXECUTE runs can be told from its bytes (tests/faults/test_database.py)."""
+        name = self._prepared_name(cursor, sql, label)
         if name is None:
             cursor.execute(sql, params)
             return
-        cursor.execute(_execute(name, tuple(map(self.connection.connection.literal, params))))
+        try:
+            cursor.execute(_execute(name, tuple(map(self.connection.connection.literal, params))))
+        except Exception as exc:
+            if not _unknown_prepared(exc):
+                raise
+            self._forget_prepared()  # nothing ran: the text instead
+            cursor.execute(sql, params)
 
-    def _prepared_name(self, cursor: Any, sql: str) -> bytes | None:
+    def _forget_prepared(self) -> None:
+        """The session lost its prepared statements behind our back (a proxy or a server
+        that reset it): prepared again from the next call on."""
+        self._prepared, self._bound = {}, {}
+
+    def _prepared_name(self, cursor: Any, sql: str, label: str) -> bytes | None:
         """The name of ``sql`` prepared in this session (prepared now if need be), or None:
         not prepared (``PREPARED_STATEMENTS`` off, not MariaDB, past the limits)."""
         if not self._prepares:
             return None
         if sql in self._prepared:
             return self._prepared[sql]
-        return self._prepare(cursor, sql)
+        return self._prepare(cursor, sql, label)
 
-    def _prepare(self, cursor: Any, sql: str) -> bytes | None:
+    def _prepare(self, cursor: Any, sql: str, label: str) -> bytes | None:
         """``PREPARE`` ``sql`` (driver placeholders made the server's) in this session; its
         name, or None (recorded: sent as text from then on) past PREPARED_KEPT or the server's
         limit. Any other error is the statement's own (a lost connection)."""
         if len(self._prepared) >= self.PREPARED_KEPT:
             self._prepared[sql] = None
             return None
-        name = b"rl_hot_%d" % len(self._prepared)
+        name = b"rl_%s_%d" % (label.lower().encode(), len(self._prepared))
         raw = self.connection.connection
         try:
             cursor.execute(b"PREPARE " + name + b" FROM " + raw.literal(sql.replace("%s", "?").replace("%%", "%")))
@@ -396,12 +415,18 @@ class MySQLDialect(Dialect):
         if bound is None:
             raw = self.connection.connection
             values = tuple(map(raw.literal, params))
-            name = self._prepared_name(cursor, sql)
+            name = self._prepared_name(cursor, sql, "repeated")
             bound = sql.encode(raw.encoding) % values if name is None else _execute(name, values)
             if len(self._bound) >= self.BOUND_KEPT:
                 del self._bound[next(iter(self._bound))]
             self._bound[key] = bound
-        cursor.execute(bound)
+        try:
+            cursor.execute(bound)
+        except Exception as exc:
+            if not _unknown_prepared(exc):
+                raise
+            self._forget_prepared()  # nothing ran: the text instead
+            cursor.execute(sql, params)
 
     def pieces(self) -> dict[str, str]:
         # The probe's packing of LAST_INSERT_ID (PROBE_PACKED).
