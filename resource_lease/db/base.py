@@ -238,13 +238,9 @@ class Dialect(abc.ABC):
         binds on the client may keep the bound text (``MySQLDialect``)."""
         cursor.execute(sql, params)
 
-    #: The statements (by name) every uncontended cycle sends, which ``execute`` runs through
-    #: ``run_hot``.
-    hot_statements: frozenset[str] = frozenset()
-
     def run_hot(self, cursor: Any, sql: str, params: Sequence[Any], *, label: str) -> None:
         """Run ``sql``, a statement every uncontended cycle sends (the probe's grant, the
-        release; ``label`` names it: "grant", the statement's name): here as any other; a
+        release; ``label`` names it: "grant", "release"): here as any other; a
         vendor that parses each statement's text anew may prepare it on the server once per
         session (``MySQLDialect`` on MariaDB)."""
         cursor.execute(sql, params)
@@ -255,10 +251,7 @@ class Dialect(abc.ABC):
         """Run the statement ``name`` (``self.sql``) and read its ``answer``. A result set is
         read whole: SQLite ends the statement (and its lock) only then
         (docs/pitfalls.md#sqlite)."""
-        if name in self.hot_statements:
-            self.run_hot(cursor, self.sql[name], params, label=name)  # type: ignore[arg-type]
-        else:
-            cursor.execute(self.sql[name], params)
+        cursor.execute(self.sql[name], params)
         if answer is Answer.NOTHING:
             return None
         if answer is Answer.COUNT:

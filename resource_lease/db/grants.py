@@ -159,7 +159,8 @@ class LeaseStatements:
     def release(self, cursor: Any, *, pk: int, holder: str, fence: int) -> bool:
         """Give a live grant of ours back; True if it was ours. Where the vendor can, the same
         statement tells the waiters whose turn it may be (PostgreSQL: ``TELL_TURNS``)."""
-        return self.d.execute(cursor, "RELEASE", (pk, holder, fence), answer=Answer.CHANGED_ONE)
+        self.d.run_hot(cursor, self.d.sql["RELEASE"], (pk, holder, fence), label="release")
+        return bool(cursor.rowcount == 1)
 
     def write_data(self, cursor: Any, *, pk: int, holder: str, fence: int, data: str) -> bool:
         """Replace a live grant's payload (JSON text) if the grant is still ours: a fenced write."""

@@ -334,9 +334,6 @@ class MySQLDialect(Dialect):
         self._prepared: dict[str, bytes | None] = {}
         self._prepares = False
 
-    #: ``run_hot``'s statements on MariaDB (the probe's grant calls ``run_hot`` itself).
-    hot_statements = frozenset({"RELEASE"})
-
     #: The most statements one session prepares (``run_hot``, ``run_repeated``): the release,
     #: the probe's grant and a waiter's look in the forms the session uses (where=, target=,
     #: in line or not). Every session of
@@ -358,17 +355,23 @@ class MySQLDialect(Dialect):
         if name is None:
             cursor.execute(sql, params)
             return
+        self._send(cursor, _execute(name, tuple(map(self.connection.connection.literal, params))), sql, params)
+
+    def _send(self, cursor: Any, bound: bytes, sql: str, params: Sequence[Any]) -> None:
+        """Send ``bound`` (``sql`` bound to ``params``, or the EXECUTE of its prepared form).
+        An EXECUTE the session no longer knows (a proxy or the server reset it behind our
+        back) ran nothing: ``sql`` goes as text, and is prepared again from the next call on."""
         try:
-            cursor.execute(_execute(name, tuple(map(self.connection.connection.literal, params))))
+            cursor.execute(bound)
         except Exception as exc:
             if not _unknown_prepared(exc):
                 raise
-            self._forget_prepared()  # nothing ran: the text instead
+            self._forget_prepared()
             cursor.execute(sql, params)
 
     def _forget_prepared(self) -> None:
-        """The session lost its prepared statements behind our back (a proxy or a server
-        that reset it): prepared again from the next call on."""
+        """This session has no prepared statements (a new one, or one reset), nor their bound
+        EXECUTEs."""
         self._prepared, self._bound = {}, {}
 
     def _prepared_name(self, cursor: Any, sql: str, label: str) -> bytes | None:
@@ -420,13 +423,7 @@ class MySQLDialect(Dialect):
             if len(self._bound) >= self.BOUND_KEPT:
                 del self._bound[next(iter(self._bound))]
             self._bound[key] = bound
-        try:
-            cursor.execute(bound)
-        except Exception as exc:
-            if not _unknown_prepared(exc):
-                raise
-            self._forget_prepared()  # nothing ran: the text instead
-            cursor.execute(sql, params)
+        self._send(cursor, bound, sql, params)
 
     def pieces(self) -> dict[str, str]:
         # The probe's packing of LAST_INSERT_ID (PROBE_PACKED).
@@ -493,8 +490,7 @@ class MySQLDialect(Dialect):
         # Galera: causal reads and UPDATEs (wsrep_sync_wait), only when wsrep is on; with
         # several nodes to choose from, a node that cannot serve is refused here.
         self.galera = galera.setup_session(raw_connection, require_ready=self.rotation is not None)
-        # A new session has no prepared statements (``run_hot``), nor their bound EXECUTEs.
-        self._prepared, self._bound = {}, {}
+        self._forget_prepared()  # a new session
         self._prepares = self.mariadb and bool(lease_settings.PREPARED_STATEMENTS)
 
     def returning_row(
