@@ -130,9 +130,10 @@ class WaitMeasure:
         self.kind = kind
         self.using = using
         self.holder = holder
-        #: Whether the caller may wait (a timeout other than 0): only then is it counted in
-        #: the ``resource_lease_waiters`` gauge (one attempt never shows in it: no scrape
-        #: could see it, and the uncontended cycle need not pay two gauge updates for it).
+        #: Whether the caller waits: only then is it counted in the ``resource_lease_waiters``
+        #: gauge (from ``__enter__``, or from ``queued`` once its first attempt granted
+        #: nothing: a grant at the first attempt never shows in it, no scrape could see it,
+        #: and the uncontended cycle need not pay two gauge updates for it).
         self.waits = waits
         self.outcome: str | None = None
         self.seconds = 0.0
@@ -143,6 +144,13 @@ class WaitMeasure:
         if _waiters is not None and self.waits:
             _child(_waiters, self.kind).inc()
         return self
+
+    def queued(self) -> None:
+        """The caller waits now (its first attempt granted nothing): counted in the
+        ``resource_lease_waiters`` gauge until the wait ends, once however often it is told."""
+        if _waiters is not None and not self.waits:
+            _child(_waiters, self.kind).inc()
+        self.waits = True
 
     def granted(self, lease: Lease) -> Lease:
         """Record the grant that ends the wait; the lease keeps how long it took (``waited``)."""

@@ -113,6 +113,40 @@ def test_waiters_counts_the_callers_waiting_now(make_pool: Callable[..., list[Re
     got[0].release()
 
 
+def test_a_caller_granted_at_its_first_attempt_is_never_counted_as_waiting(
+    make_pool: Callable[..., list[Resource]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller pays for the line only when there is one: ``acquire(timeout=60)`` granted at
+    its first attempt never touches the waiters gauge. The control: a caller that had to
+    wait counts in it (once) while it waits."""
+    make_pool("m-first", 1)
+    counted: list[str] = []
+    child = metrics._child
+
+    def recording(metric: Any, *labels: str) -> Any:
+        if metric is metrics._waiters:
+            counted.append(labels[0])
+        return child(metric, *labels)
+
+    monkeypatch.setattr(metrics, "_child", recording)
+    acquire("m-first", ttl=30, timeout=60).release()
+    assert counted == []
+    held = acquire("m-first", ttl=30, timeout=60)
+    got: list[Any] = []
+    waiter = threading.Thread(target=lambda: got.append(acquire("m-first", ttl=30, timeout=60)))
+    waiter.start()
+    for _ in range(600):
+        if value("resource_lease_waiters", kind="m-first") == 1:
+            break
+        time.sleep(0.05)
+    assert value("resource_lease_waiters", kind="m-first") == 1
+    held.release()
+    waiter.join(60)
+    assert got and value("resource_lease_waiters", kind="m-first") == 0
+    assert counted == ["m-first", "m-first"]  # up while it waited, down when served
+    got[0].release()
+
+
 def test_locks_semaphores_elections_and_holders_measure_their_waits(
     make_pool: Callable[..., list[Resource]],
 ) -> None:

@@ -102,9 +102,7 @@ async def arun(wait: Wait[T]) -> T:
     waker = AsyncWaker()
     deadline = None if wait.timeout is None else time.monotonic() + wait.timeout
     timeout = wait.timeout
-    with metrics.waiting(
-        wait.line.kind, using=wait.line.alias, holder=wait.holder, waits=wait.timeout != 0
-    ) as measured:
+    with metrics.waiting(wait.line.kind, using=wait.line.alias, holder=wait.holder, waits=False) as measured:
         while True:
             grant = await _await_once(wait, waker, timeout, measured)
             if grant is None:
@@ -122,6 +120,8 @@ async def arun(wait: Wait[T]) -> T:
 async def _await_once(
     wait: Wait[T], waker: AsyncWaker, timeout: float | None, measured: metrics.WaitMeasure
 ) -> T | None:
+    if timeout != 0:
+        measured.queued()  # a coroutine's wait counts from its first attempt (one worker-thread hop)
     waiting = Waiting(wait, timeout=timeout, waker=waker)
     steps = waiting.steps()
     try:

@@ -121,7 +121,7 @@ class Waiting:
     and pauses pass, so that the same decisions serve threads (``wait_in_line``) and asyncio
     (``line.aio``). ``cleanup()`` (a database call) must follow, however it ended."""
 
-    def __init__(self, request: Request, *, timeout: float | None, waker: Waker) -> None:
+    def __init__(self, request: Request, *, timeout: float | None, waker: Waker, arrived: bool = False) -> None:
         self.line = request.line
         self.shared = request.shared
         #: How the caller makes its grant of a row a release handed to its place; None: its
@@ -140,6 +140,9 @@ class Waiting:
         self.target = request.target
         self.retry_every = request.retry_every
         self.waker = waker
+        #: The caller's first attempt, as it arrived, was made (by the driver) and granted
+        #: nothing: the steps start at taking a place.
+        self.arrived = arrived
         self.place: Place | None = None
         self._listening = False
         self._refusals = 0  # statements that could not connect, in a row
@@ -248,7 +251,9 @@ class Waiting:
 
     def steps(self) -> Generator[Step, Any, Any]:
         """The wait, step by step (see the module's docstring); returns the grant or None."""
-        if self.timeout != 0 and marked_now(self.line):
+        if self.arrived:
+            pass  # the driver's first attempt granted nothing a moment ago: to a place
+        elif self.timeout != 0 and marked_now(self.line):
             # Every row of the line is marked (by this process's waiters, a moment ago): the
             # newcomer's one try (UNMARKED) would be refused. Straight to a place.
             stats.first_tries_skipped += 1

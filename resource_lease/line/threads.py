@@ -11,10 +11,11 @@ from types import TracebackType
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 from resource_lease import metrics
+from resource_lease.db.line import ARRIVING
 from resource_lease.exceptions import DatabaseUnavailable
 from resource_lease.line.counters import stats
 from resource_lease.line.granting import Grantor, Make, grantor, newcomer
-from resource_lease.line.places import Line
+from resource_lease.line.places import Line, marked_now
 from resource_lease.line.steps import Attempt, Call, ClaimHanded, Pause, Waiting
 from resource_lease.line.wakeups import Waker
 
@@ -36,7 +37,7 @@ class Grant(Protocol):
     ) -> None: ...
 
 
-def wait_in_line(wait: Wait[T], waker: Waker | None = None) -> T | None:
+def wait_in_line(wait: Wait[T], waker: Waker | None = None, *, queued: Callable[[], None] | None = None) -> T | None:
     """Call ``wait.attempt(grant)`` until it grants (returns something other than None) or
     ``wait.timeout`` seconds (None: for ever; 0: one attempt as a newcomer) have passed; then
     None (``conclude`` is the caller's: ``Wait.run``).
@@ -51,6 +52,11 @@ def wait_in_line(wait: Wait[T], waker: Waker | None = None) -> T | None:
     A grant that is past its local deadline once the place has been left (a hung node held
     that statement up) is given back, and the wait goes on while its timeout lasts
     (``in_time``).
+
+    A caller pays for the line only when there is one: its first attempt (as it arrives) runs
+    here, without the ``Waker``, the steps and their driver; only when it grants nothing (or
+    could not connect: the driver asks again while the timeout lasts) does the caller take a
+    place, and ``queued`` (the wait's measure: ``metrics.WaitMeasure.queued``) is told so.
     """
     timeout = wait.timeout
     if timeout == 0:
@@ -63,13 +69,31 @@ def wait_in_line(wait: Wait[T], waker: Waker | None = None) -> T | None:
         stats.at_once += 1
         return in_time(grant)
     deadline = None if timeout is None else time.monotonic() + timeout
+    arrived = False  # the first attempt was made here, and granted nothing
+    if not marked_now(wait.line):
+        # Every row marked by this process's own waiters a moment ago: the try would be
+        # refused, so the steps go straight to a place (``Waiting.steps``).
+        try:
+            grant = wait.attempt(grantor(wait.line, ARRIVING, wait.make))
+        except DatabaseUnavailable:
+            grant = None  # nothing was sent: the driver asks again, with its pauses
+        else:
+            arrived = grant is None
+        if grant is not None:
+            stats.at_once += 1
+            if in_time(grant) is not None:
+                return grant
+            arrived = False  # given back late: the wait goes on, from its first attempt
     while True:
-        grant = _wait_once(wait, timeout=timeout, waker=waker)
-        if grant is None or in_time(grant) is not None:
-            return grant
         timeout = left(deadline)
         if timeout is not None and timeout <= 0.0:
             return None
+        if queued is not None:
+            queued()
+        grant = _wait_once(wait, timeout=timeout, waker=waker, arrived=arrived)
+        arrived = False
+        if grant is None or in_time(grant) is not None:
+            return grant
 
 
 def in_time(grant: T) -> T | None:
@@ -84,8 +108,8 @@ def left(deadline: float | None) -> float | None:
     return None if deadline is None else deadline - time.monotonic()
 
 
-def _wait_once(wait: Wait[T], *, timeout: float | None, waker: Waker | None) -> T | None:
-    waiting = Waiting(wait, timeout=timeout, waker=Waker() if waker is None else waker)
+def _wait_once(wait: Wait[T], *, timeout: float | None, waker: Waker | None, arrived: bool) -> T | None:
+    waiting = Waiting(wait, timeout=timeout, waker=Waker() if waker is None else waker, arrived=arrived)
     steps = waiting.steps()
     try:
         step = next(steps)
@@ -172,10 +196,8 @@ class Wait(Generic[T]):
     def run(self, waker: Waker | None = None) -> T:
         """Wait in this thread; the answer of ``conclude``. The wait is measured
         (``metrics.waiting``: its time and outcome, and the grant's ``waited``)."""
-        with metrics.waiting(
-            self.line.kind, using=self.line.alias, holder=self.holder, waits=self.timeout != 0
-        ) as measured:
-            return self.finish(wait_in_line(self, waker), measured)
+        with metrics.waiting(self.line.kind, using=self.line.alias, holder=self.holder, waits=False) as measured:
+            return self.finish(wait_in_line(self, waker, queued=measured.queued), measured)
 
     def finish(self, grant: T | None, measured: metrics.WaitMeasure) -> T:
         """``conclude`` the wait, the grant's time recorded before it is announced."""
