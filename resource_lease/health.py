@@ -259,7 +259,9 @@ def check_outcome(outcome: Any, retry_after: Any) -> float:
 def level_as_granted(resource: Resource) -> int | None:
     """A granted row's backoff level, if its grant carried it (a PostgreSQL hand-off and a
     MySQL probe do not: ``level_of`` reads it then)."""
-    return None if "backoff_level" in resource.get_deferred_fields() else int(resource.backoff_level)
+    # A deferred field is one the instance has no value of: what ``get_deferred_fields``
+    # tests, without walking every field of the model on every grant.
+    return int(resource.backoff_level) if "backoff_level" in resource.__dict__ else None
 
 
 def level_of(lease: Any) -> int:

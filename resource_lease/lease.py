@@ -190,6 +190,10 @@ def safety_margin(ttl: float) -> float:
     return min(ttl * float(lease_settings.SAFETY_MARGIN), float(lease_settings.SAFETY_MARGIN_MAX))
 
 
+#: Makes a lease's ``lost_event`` on first use (once, whichever thread asks first).
+_lost_events_lock = threading.Lock()
+
+
 class Lease:
     """A grant of one resource, valid until ``expires_at`` by the database's clock.
 
@@ -218,9 +222,9 @@ class Lease:
         self.on_lost = on_lost
         #: Whose callbacks ``on_lost`` is ordered with (a recipe's: its election, its group).
         self.callback_owner: object | None = None
-        #: Set when this process learns the lease is gone (renewal refused, deadline passed);
-        #: ``lost`` is the same as a bool. Wait on it: ``lease.lost_event.wait(timeout)``.
-        self.lost_event = threading.Event()
+        #: ``lost_event``, made on first use (most leases are released before anyone waits
+        #: on it: an Event costs every grant a Condition and two locks).
+        self._lost_event: threading.Event | None = None
         self.lost_reason = ""
         self._pid = os.getpid()
         self._released = False
@@ -246,7 +250,7 @@ class Lease:
         self.rebound = False
 
     def __repr__(self) -> str:
-        state = "released" if self._released else "lost" if self.lost_event.is_set() else "held"
+        state = "released" if self._released else "lost" if self.lost else "held"
         return f"<Lease {self.resource} fence={self.fence} holder={self.holder!r} {state}>"
 
     # -- local view ------------------------------------------------------------------
@@ -260,7 +264,20 @@ class Lease:
         """True once this process has learned the lease is gone (a renewal refused, the local
         deadline passed, a fenced write refused); ``lost_reason`` says why. A plain bool, so
         ``if lease.lost:`` reads as it should; ``lost_event`` is the Event to wait on."""
-        return self.lost_event.is_set()
+        event = self._lost_event
+        return event is not None and event.is_set()
+
+    @property
+    def lost_event(self) -> threading.Event:
+        """Set when this process learns the lease is gone (renewal refused, deadline passed);
+        ``lost`` is the same as a bool. Wait on it: ``lease.lost_event.wait(timeout)``."""
+        event = self._lost_event
+        if event is None:
+            with _lost_events_lock:
+                if self._lost_event is None:
+                    self._lost_event = threading.Event()
+                event = self._lost_event
+        return event
 
     def remaining(self) -> float:
         """Seconds this process may still trust the lease (local deadline, taken before sending)."""
@@ -276,9 +293,9 @@ class Lease:
             raise LeaseLost(f"{self!r} was released")
         if os.getpid() != self._pid:
             raise LeaseLost(f"{self!r} belongs to process {self._pid}, not to this forked child")
-        if not self.lost_event.is_set() and time.monotonic() >= self._deadline:
+        if not self.lost and time.monotonic() >= self._deadline:
             self.mark_lost("the local deadline passed without a successful renewal")
-        if self.lost_event.is_set():
+        if self.lost:
             raise LeaseLost(f"{self!r}: {self.lost_reason}")
 
     @property
@@ -436,7 +453,7 @@ class Lease:
         # From the event on, an exiting process waits for the on_lost below (keeper.EXIT_DRAIN).
         with keeper().callbacks.expecting():
             with self._lock:
-                if self.lost_event.is_set() or self._released:
+                if self.lost or self._released:
                     return
                 self.lost_reason = reason
                 self.lost_event.set()
