@@ -70,9 +70,9 @@ def wait_in_line(wait: Wait[T], waker: Waker | None = None, *, queued: Callable[
         return in_time(grant)
     deadline = None if timeout is None else time.monotonic() + timeout
     arrived = False  # the first attempt was made here, and granted nothing
+    # Unless every row of the line was marked by this process's own waiters a moment ago: the
+    # try would be refused, and the steps go straight to a place (``Waiting.steps``).
     if not marked_now(wait.line):
-        # Every row marked by this process's own waiters a moment ago: the try would be
-        # refused, so the steps go straight to a place (``Waiting.steps``).
         try:
             grant = wait.attempt(grantor(wait.line, ARRIVING, wait.make))
         except DatabaseUnavailable:
