@@ -126,23 +126,21 @@ class WaitMeasure:
 
     __slots__ = ("holder", "kind", "outcome", "seconds", "started", "using", "waits")
 
-    def __init__(self, kind: str, using: str, holder: str, waits: bool = True) -> None:
+    def __init__(self, kind: str, using: str, holder: str) -> None:
         self.kind = kind
         self.using = using
         self.holder = holder
         #: Whether the caller waits: only then is it counted in the ``resource_lease_waiters``
-        #: gauge (from ``__enter__``, or from ``queued`` once its first attempt granted
-        #: nothing: a grant at the first attempt never shows in it, no scrape could see it,
-        #: and the uncontended cycle need not pay two gauge updates for it).
-        self.waits = waits
+        #: gauge, from ``queued`` (its first attempt granted nothing) until the wait ends. A
+        #: grant at the first attempt never shows in it: no scrape could see it, and the
+        #: uncontended cycle need not pay two gauge updates for it.
+        self.waits = False
         self.outcome: str | None = None
         self.seconds = 0.0
         self.started = 0.0
 
     def __enter__(self) -> WaitMeasure:
         self.started = time.monotonic()
-        if _waiters is not None and self.waits:
-            _child(_waiters, self.kind).inc()
         return self
 
     def queued(self) -> None:
@@ -184,10 +182,10 @@ class WaitMeasure:
             )
 
 
-def waiting(kind: str, *, using: str, holder: str = "", waits: bool = True) -> WaitMeasure:
-    """Measure a public entry point's wait for a grant of ``kind`` (see ``WaitMeasure``;
-    ``waits``: False for one attempt, ``timeout=0``)."""
-    return WaitMeasure(metric_kind(kind), using, holder, waits)
+def waiting(kind: str, *, using: str, holder: str = "") -> WaitMeasure:
+    """Measure a public entry point's wait for a grant of ``kind`` (see ``WaitMeasure``; tell
+    it ``queued()`` once the caller waits)."""
+    return WaitMeasure(metric_kind(kind), using, holder)
 
 
 # -- the engine's signals ----------------------------------------------------------------------

@@ -202,7 +202,7 @@ class HolderStateMachine(HolderSteps, threading.Thread, metaclass=abc.ABCMeta):
                     priority=self._priority,
                     where=self._where_sql(),
                 )
-                lease = wait_in_line(request, self._waker)
+                lease = wait_in_line(request, self._waker, queued=wait_metric.queued)
             except AcquireCancelled:
                 wait_metric.outcome = "timeout"  # given up (closed, terminated), not an error
                 raise

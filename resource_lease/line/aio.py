@@ -102,7 +102,7 @@ async def arun(wait: Wait[T]) -> T:
     waker = AsyncWaker()
     deadline = None if wait.timeout is None else time.monotonic() + wait.timeout
     timeout = wait.timeout
-    with metrics.waiting(wait.line.kind, using=wait.line.alias, holder=wait.holder, waits=False) as measured:
+    with metrics.waiting(wait.line.kind, using=wait.line.alias, holder=wait.holder) as measured:
         while True:
             grant = await _await_once(wait, waker, timeout, measured)
             if grant is None:

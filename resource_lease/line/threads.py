@@ -196,7 +196,7 @@ class Wait(Generic[T]):
     def run(self, waker: Waker | None = None) -> T:
         """Wait in this thread; the answer of ``conclude``. The wait is measured
         (``metrics.waiting``: its time and outcome, and the grant's ``waited``)."""
-        with metrics.waiting(self.line.kind, using=self.line.alias, holder=self.holder, waits=False) as measured:
+        with metrics.waiting(self.line.kind, using=self.line.alias, holder=self.holder) as measured:
             return self.finish(wait_in_line(self, waker, queued=measured.queued), measured)
 
     def finish(self, grant: T | None, measured: metrics.WaitMeasure) -> T:
