@@ -268,3 +268,42 @@ def test_a_child_of_each_multiprocessing_start_method_uses_the_library(
     summary = storm(spawn_worker, "--children", str(MP_CHILDREN), "--start-method", method, "--deadline", "90")
     expected = (MP_CHILDREN, 0, MP_CHILDREN, [])
     assert (summary["total"], summary["hung"], summary["ok"], summary["errors"]) == expected, summary
+
+
+#: A statement that runs for a while on each vendor (SQLite has no sleep: a long count).
+SLOW_STATEMENT = {
+    "postgresql": "SELECT pg_sleep(0.5)",
+    "mysql": "SELECT SLEEP(0.5)",
+    "sqlite": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 2000000) SELECT COUNT(*) FROM c",
+}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_closing_every_connection_waits_for_a_statement_another_thread_runs() -> None:
+    """``close_every_connection`` (the tests' teardown) closes the fork gate as a fork does: a
+    statement another thread runs on its own lease connection (the keeper renewing a lease in
+    the background) ends with its answer before its connection is closed. Closing under it
+    crashed the SQLite driver (a segfault in a CI rehearsal). The control: a close that does
+    not wait returns while the statement still runs."""
+    from resource_lease.db.connections import close_every_connection, run
+
+    started = threading.Event()
+    answers: list[tuple[Any, float]] = []
+
+    def slow(dialect: Any, cursor: Any) -> Any:
+        started.set()
+        cursor.execute(SLOW_STATEMENT[connection.vendor])
+        return cursor.fetchall()
+
+    worker = threading.Thread(
+        target=lambda: answers.append((run("default", slow, what="a slow statement"), time.monotonic()))
+    )
+    worker.start()
+    assert started.wait(10)
+    time.sleep(0.05)  # the statement runs now
+    close_every_connection()
+    closed_at = time.monotonic()
+    worker.join(30)
+    assert answers, "the statement failed: its connection was closed under it"
+    rows, ended_at = answers[0]
+    assert rows and ended_at <= closed_at, "close_every_connection returned while the statement still ran"
