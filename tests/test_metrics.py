@@ -96,21 +96,27 @@ def test_a_take_over_and_a_loss_are_counted(make_pool: Callable[..., list[Resour
     assert value("resource_lease_lost_total", kind="m-take") == 2
 
 
-def test_waiters_counts_the_callers_waiting_now(make_pool: Callable[..., list[Resource]]) -> None:
-    make_pool("m-wait", 1)
-    held = acquire("m-wait", ttl=30)
+def served_after_waiting(kind: str) -> Any:
+    """A caller of ``kind`` (one resource, held here) that waits in another thread: counted in
+    the waiters gauge while it waits, and no longer once the release served it; its lease."""
+    held = acquire(kind, ttl=30)
     got: list[Any] = []
-    waiter = threading.Thread(target=lambda: got.append(acquire("m-wait", ttl=30, timeout=60)))
+    waiter = threading.Thread(target=lambda: got.append(acquire(kind, ttl=30, timeout=60)))
     waiter.start()
     for _ in range(600):
-        if value("resource_lease_waiters", kind="m-wait") == 1:
+        if value("resource_lease_waiters", kind=kind) == 1:
             break
         time.sleep(0.05)
-    assert value("resource_lease_waiters", kind="m-wait") == 1
+    assert value("resource_lease_waiters", kind=kind) == 1
     held.release()
     waiter.join(60)
-    assert got and value("resource_lease_waiters", kind="m-wait") == 0
-    got[0].release()
+    assert got and value("resource_lease_waiters", kind=kind) == 0
+    return got[0]
+
+
+def test_waiters_counts_the_callers_waiting_now(make_pool: Callable[..., list[Resource]]) -> None:
+    make_pool("m-wait", 1)
+    served_after_waiting("m-wait").release()
 
 
 def test_a_caller_granted_at_its_first_attempt_is_never_counted_as_waiting(
@@ -131,20 +137,9 @@ def test_a_caller_granted_at_its_first_attempt_is_never_counted_as_waiting(
     monkeypatch.setattr(metrics, "_child", recording)
     acquire("m-first", ttl=30, timeout=60).release()
     assert counted == []
-    held = acquire("m-first", ttl=30, timeout=60)
-    got: list[Any] = []
-    waiter = threading.Thread(target=lambda: got.append(acquire("m-first", ttl=30, timeout=60)))
-    waiter.start()
-    for _ in range(600):
-        if value("resource_lease_waiters", kind="m-first") == 1:
-            break
-        time.sleep(0.05)
-    assert value("resource_lease_waiters", kind="m-first") == 1
-    held.release()
-    waiter.join(60)
-    assert got and value("resource_lease_waiters", kind="m-first") == 0
+    served = served_after_waiting("m-first")
     assert counted == ["m-first", "m-first"]  # up while it waited, down when served
-    got[0].release()
+    served.release()
 
 
 def test_locks_semaphores_elections_and_holders_measure_their_waits(
