@@ -44,8 +44,9 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from types import TracebackType
 from typing import Any
 
 from resource_lease.db.connections import close_connections
@@ -63,6 +64,9 @@ CALLBACK_THREADS = 4
 #: Seconds a process that exits normally waits for the callbacks already queued (an
 #: ``on_lost`` the keeper dispatched a moment before the main thread returned) to run.
 EXIT_DRAIN = 5.0
+
+#: Seconds between two looks of a process stopping at the threads still taking something.
+SETTLE_POLL = 0.002
 
 _RUNNING = -1  # the entry of a job whose step runs now
 
@@ -98,6 +102,9 @@ class Keeper:
         #: Set once the process gives back everything it holds (``resource_lease.shutdown``):
         #: from then on it is refused new grants and new places in line.
         self.stopping = threading.Event()
+        # The threads taking a grant or a place in line now (``taking``), by ident: the depth
+        # of their nesting. A dict, not a lock: one set and one delete on every grant.
+        self._taking: dict[int, int] = {}
 
     # -- jobs ---------------------------------------------------------------------------
 
@@ -156,6 +163,33 @@ class Keeper:
         """Raise ``LeaseError`` if the process is giving back what it holds (``stopping``)."""
         if self.stopping.is_set():
             raise LeaseError(f"this process is shutting down (it gave back what it held): no new {what}")
+
+    def taking(self, what: str) -> Taking:
+        """A context manager around taking ``what`` (a grant, a place in line): from its
+        statement until what it took is registered as held (``_track``, the keeper's jobs).
+        Refused (``LeaseError``) once the process is stopping; a process that starts stopping
+        meanwhile waits for it to end (``settle``), so it never gives back what it holds
+        while a thread has taken something it has not yet registered."""
+        return Taking(self, what)
+
+    def settle(self, timeout: float, *, besides: Iterable[int] = ()) -> bool:
+        """Wait up to ``timeout`` seconds until no thread but the calling one (and those in
+        ``besides``: the main thread a signal handler interrupted, which cannot go on until
+        the handler returns) is inside ``taking``; whether that happened (if not, it is
+        logged: what those threads take stays held until its ttl)."""
+        skip = {threading.get_ident(), *besides}
+        deadline = time.monotonic() + timeout
+        while others := [ident for ident in list(self._taking) if ident not in skip]:
+            if time.monotonic() >= deadline:
+                logger.warning(
+                    "shutting down: %d thread(s) still taking a grant or a place in line after %gs; "
+                    "what they take stays held until its ttl",
+                    len(others),
+                    timeout,
+                )
+                return False
+            time.sleep(SETTLE_POLL)
+        return True
 
     def jobs(self) -> list[Any]:
         """The jobs kept now (what a process shutting down gives back: ``shutdown``)."""
@@ -404,6 +438,34 @@ def dispatch(owner: Any, fn: Callable[..., Any], *args: Any) -> None:
 
 
 #: This process's keeper (a forked child gets its own, keeping nothing its parent kept).
+class Taking:
+    """``Keeper.taking``: the calling thread is counted before it looks at ``stopping``, and a
+    process that stops sets ``stopping`` before it looks at the count, so one of the two
+    always sees the other (the thread is refused, or the process waits for it)."""
+
+    __slots__ = ("_keeper", "_what", "_ident")
+
+    def __init__(self, keeper: Keeper, what: str) -> None:
+        self._keeper = keeper
+        self._what = what
+
+    def __enter__(self) -> None:
+        ident = self._ident = threading.get_ident()
+        taking = self._keeper._taking
+        taking[ident] = taking.get(ident, 0) + 1
+        if self._keeper.stopping.is_set():
+            self.__exit__(None, None, None)
+            self._keeper.refuse_when_stopping(self._what)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        taking = self._keeper._taking
+        depth = taking[self._ident] - 1
+        if depth:
+            taking[self._ident] = depth
+        else:
+            del taking[self._ident]
+
+
 keeper = PerProcess(Keeper)
 
 

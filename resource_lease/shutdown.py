@@ -71,6 +71,17 @@ def give_back_all(timeout: float | None = 10.0) -> GivenBack:
     this process, now; refuse it new grants from now on. Errors are logged, never raised
     (each thing not given back expires by itself at its ttl). ``timeout``: seconds each
     holder's thread is waited for."""
+    return _give_back_all(timeout)
+
+
+#: The most seconds the giving back waits for the threads taking a grant or a place in line
+#: now to register it (``Keeper.settle``): a statement under way, a few milliseconds.
+SETTLE_WAIT = 5.0
+
+
+def _give_back_all(timeout: float | None, *, interrupted: int | None = None) -> GivenBack:
+    """``give_back_all``; ``interrupted``: the thread a signal handler interrupted (it takes
+    nothing until the handler returns, so it is not waited for)."""
     keeper().stopping.set()
     holders = 0
     for hook in list(_first):
@@ -78,6 +89,10 @@ def give_back_all(timeout: float | None = 10.0) -> GivenBack:
             holders += hook(timeout)
         except Exception:
             logger.exception("giving back on shutdown: %r failed", hook)
+    # A thread whose grant or place the database has made but the process has not yet
+    # registered would be missed below: wait until it has (a grant made meanwhile is then
+    # given back by its own thread, which sees ``stopping``: lease.lease_from_row).
+    keeper().settle(SETTLE_WAIT, besides=() if interrupted is None else (interrupted,))
     released = leases.give_back_granted()
     places = 0
     for place in [job for job in keeper().jobs() if isinstance(job, Place)]:
@@ -109,8 +124,10 @@ class _Handler:
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         # Not a daemon, so if it has to wait for the main thread to unwind, the interpreter
         # still lets it finish before exiting.
-        timeout = self.timeout
-        within(lambda: give_back_all(timeout), timeout, "resource-lease-sigterm", daemon=False)
+        timeout, interrupted = self.timeout, threading.get_ident()
+        within(
+            lambda: _give_back_all(timeout, interrupted=interrupted), timeout, "resource-lease-sigterm", daemon=False
+        )
         if callable(self.previous):
             self.previous(signum, frame)
             return

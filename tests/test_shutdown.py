@@ -86,6 +86,33 @@ def test_a_normal_exit_gives_back_what_is_still_held(make_pool: Any, spawn_worke
     blocker.release()
 
 
+@pytest.mark.parametrize(
+    "how,flags,place_kept",
+    [
+        ("exit", ("--exit",), False),
+        ("sigterm", (), False),
+        ("negative-control-no-settle", ("--exit", "--no-settle"), True),
+    ],
+    ids=["exit", "sigterm", "negative-control-no-settle"],
+)
+def test_a_place_taken_as_the_process_stops_is_given_back_once_registered(
+    make_pool: Any, spawn_worker: Any, how: str, flags: tuple[str, ...], place_kept: bool
+) -> None:
+    """The waiter's place is in the database, and not yet registered with the keeper, when
+    the process exits (or gets SIGTERM): the giving back waits for the registration, then
+    leaves the place. Negative control: without the wait, the place is missed and stays for
+    its ttl (the daemon thread is frozen as the interpreter ends)."""
+    proc, blocker = start(spawn_worker, make_pool, f"reg-{how}"[:20], "--handler", "--slow-register", *flags)
+    if "--exit" in flags:
+        proc.communicate("exit\n", timeout=60)
+        assert proc.returncode == 0
+    else:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143
+    assert held_by_the_dead(f"reg-{how}"[:20]) == {"lease": False, "lock": False, "place": place_kept}
+    blocker.release()
+
+
 def test_a_handler_installed_before_is_called_instead_of_exiting(make_pool: Any, spawn_worker: Any) -> None:
     proc, blocker = start(spawn_worker, make_pool, "chain", "--handler", "--chain")
     proc.send_signal(signal.SIGTERM)

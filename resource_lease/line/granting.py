@@ -32,22 +32,23 @@ Grantor = Callable[[Ask], T | None]
 
 def grant(alias: str, ask: Ask, turn: Turn, make: Make[T]) -> T | None:
     """One attempt at the ``ask`` as ``turn``, its grant made by ``make``; None if nothing
-    could be granted this time. Refused while the process gives back what it holds."""
-    keeper().refuse_when_stopping("grants")
+        could be granted this time. Refused while the process gives back what it holds, which
+    waits for a grant under way to be made (``Keeper.taking``)."""
     engine = ops(alias)
-    for tries_left in (1, 0):
-        sent_at = time.monotonic()
-        row, settled = engine.grant(ask, turn)
-        if row is None and settled and tries_left:
-            # Settled: nothing was granted. Most often the statement never reached the
-            # server (a session it had dropped: idle timeout, restart); run it once more
-            # on the new connection, or a single attempt would report free resources as
-            # none.
-            continue
-        break
-    if row is None:
-        return None
-    return make(ask, row, sent_at)
+    with keeper().taking("grants"):
+        for tries_left in (1, 0):
+            sent_at = time.monotonic()
+            row, settled = engine.grant(ask, turn)
+            if row is None and settled and tries_left:
+                # Settled: nothing was granted. Most often the statement never reached the
+                # server (a session it had dropped: idle timeout, restart); run it once more
+                # on the new connection, or a single attempt would report free resources as
+                # none.
+                continue
+            break
+        if row is None:
+            return None
+        return make(ask, row, sent_at)
 
 
 def grantor(line: Line, turn: Turn, make: Make[T]) -> Grantor[T]:

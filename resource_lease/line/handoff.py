@@ -36,22 +36,22 @@ def claim(place: Place, make: Make[T], *, ttl: float, holder: str, row: int = 0,
     """The grant a release handed to ``place`` (``row``: the row the release named, 0: not
     known; ``grant``: what it said it granted, or None), made by ``make``; None if there is
     none (the place had expired, or its grant ran out)."""
-    keeper().refuse_when_stopping("grants")
     engine = ops(place.line.alias)
-    told = _as_told(engine, place, grant, ttl=ttl, holder=holder)
-    if told is not None:
-        # Granted by a release, which said what (its NOTIFY): the grant lasts at least ttl
-        # from when this waiter sent ENTER_LINE (RELEASE, db/postgresql.py), nothing to read.
-        stats.handed_unread += 1
-        return make(Ask(place.line.kind, holder, ttl), told, place.entered_at)
-    sent_at = time.monotonic()
-    claimed = engine.line.claim_handed(place.line.kind, token=place.token, pk=row)
-    if claimed is None:
-        return None
-    values, left = claimed
-    # Granted by a release this waiter never saw: its local deadline counts from this read,
-    # with the seconds the database said were left (as if sent that much earlier).
-    return make(Ask(place.line.kind, holder, ttl), values, sent_at - max(0.0, ttl - left))
+    with keeper().taking("grants"):
+        told = _as_told(engine, place, grant, ttl=ttl, holder=holder)
+        if told is not None:
+            # Granted by a release, which said what (its NOTIFY): the grant lasts at least ttl
+            # from when this waiter sent ENTER_LINE (RELEASE, db/postgresql.py), nothing to read.
+            stats.handed_unread += 1
+            return make(Ask(place.line.kind, holder, ttl), told, place.entered_at)
+        sent_at = time.monotonic()
+        claimed = engine.line.claim_handed(place.line.kind, token=place.token, pk=row)
+        if claimed is None:
+            return None
+        values, left = claimed
+        # Granted by a release this waiter never saw: its local deadline counts from this read,
+        # with the seconds the database said were left (as if sent that much earlier).
+        return make(Ask(place.line.kind, holder, ttl), values, sent_at - max(0.0, ttl - left))
 
 
 def _as_told(engine: Any, place: Place, grant: Any, *, ttl: float, holder: str) -> Sequence[Any] | None:

@@ -204,46 +204,48 @@ def enter(
     """Take a place at the back of ``line`` (``target``: rows cooling down for it do not serve
     it; ``shared``: as a reader of an rwlock; ``handoff``: one that a release may hand a grant
     of ``ttl`` seconds, where the database can); its renewal starts at once."""
-    keeper().refuse_when_stopping("places in line")  # the process gives back what it holds
-    _purge_now_and_then(line)
-    sent_at = time.monotonic()
-    marked_at = fresh_mark(line, where, ttl, sent_at)
-    mark = marked_at is None
-    engine = ops(line.alias)
-    token = secrets.token_hex(16) if handoff and engine.dialect.line.hands_off else ""
-    place = engine.line.enter_line(
-        line.kind,
-        line.name,
-        holder=holder,
-        priority=priority,
-        where=where,
-        ttl=ttl,
-        target=target,
-        shared=shared,
-        mark=mark,
-        channel=turn_channel(line.alias),
-        grant_ttl=ttl if token else 0.0,
-        token=token or None,
-    )
-    stats.entered += 1
-    if mark:
-        note_mark(line, where, sent_at, ttl)
-    else:
-        stats.marks_skipped += 1
-    entered = Place(
-        line,
-        place,
-        priority=priority,
-        where=where,
-        ttl=ttl,
-        sent_at=sent_at,
-        waker=waker,
-        marked_at=marked_at,
-        token=token,
-    )
-    board().add_place(line.alias, place, waker)
-    renewal.renewer().add(entered)
-    return entered
+    # Refused once the process gives back what it holds, which waits until the place is
+    # registered with the keeper, or its giving back would miss it (``Keeper.taking``).
+    with keeper().taking("places in line"):
+        _purge_now_and_then(line)
+        sent_at = time.monotonic()
+        marked_at = fresh_mark(line, where, ttl, sent_at)
+        mark = marked_at is None
+        engine = ops(line.alias)
+        token = secrets.token_hex(16) if handoff and engine.dialect.line.hands_off else ""
+        place = engine.line.enter_line(
+            line.kind,
+            line.name,
+            holder=holder,
+            priority=priority,
+            where=where,
+            ttl=ttl,
+            target=target,
+            shared=shared,
+            mark=mark,
+            channel=turn_channel(line.alias),
+            grant_ttl=ttl if token else 0.0,
+            token=token or None,
+        )
+        stats.entered += 1
+        if mark:
+            note_mark(line, where, sent_at, ttl)
+        else:
+            stats.marks_skipped += 1
+        entered = Place(
+            line,
+            place,
+            priority=priority,
+            where=where,
+            ttl=ttl,
+            sent_at=sent_at,
+            waker=waker,
+            marked_at=marked_at,
+            token=token,
+        )
+        board().add_place(line.alias, place, waker)
+        renewal.renewer().add(entered)
+        return entered
 
 
 #: Seconds between two purges of a line's expired places by this process.
