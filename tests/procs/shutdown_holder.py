@@ -37,7 +37,7 @@ def main() -> None:
     if "--no-settle" in sys.argv:
         from resource_lease.keeper import Keeper
 
-        Keeper.settle = lambda self, timeout, besides=(): True  # type: ignore[method-assign,assignment]
+        Keeper.settle = lambda self, timeout, besides=(): True  # type: ignore[method-assign,assignment,misc]
     if "--chain" in sys.argv:
         # The application's own handler, installed first: it must be called, not replaced.
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(7))
@@ -74,7 +74,7 @@ def slow_registration() -> None:
             time.sleep(1.5)
             return self.real.add_place(*args, **kwargs)
 
-    places.board = lambda: Slow(board())  # type: ignore[assignment]
+    places.board = lambda: Slow(board())  # type: ignore[assignment,return-value]
 
 
 if __name__ == "__main__":
