@@ -228,6 +228,39 @@ async def test_election_and_watch_with_async_with() -> None:
 
 
 @pytest.mark.usefixtures("pools")
+@pytest.mark.usefixtures("pools")
+async def test_a_coroutine_granted_at_its_first_attempt_pays_for_no_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A caller pays for the line only when there is one, on the loop as in a thread: on a
+    free pool, ``aacquire`` builds no ``AsyncWaker`` and makes its attempt and its grant in one
+    worker-thread hop after its arguments' (the line's steps took five). The control: a
+    coroutine that has to wait builds its waker, and is served once the pool frees up."""
+    from resource_lease.line import aio as line_aio
+
+    hops: list[str] = []
+    wakers: list[object] = []
+    real_in_thread, real_waker_init = line_aio.in_thread, line_aio.AsyncWaker.__init__
+
+    def counting(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        hops.append(getattr(fn, "__name__", repr(fn)))
+        return real_in_thread(fn, *args, **kwargs)
+
+    def recording(self: Any) -> None:
+        wakers.append(self)
+        real_waker_init(self)
+
+    monkeypatch.setattr(line_aio, "in_thread", counting)
+    monkeypatch.setattr(line_aio.AsyncWaker, "__init__", recording)
+    lease = await aacquire("aio", ttl=30, timeout=30)
+    assert (len(hops), wakers) == (2, [])  # the arguments' hop, then the attempt's and grant's
+    waiter = asyncio.get_running_loop().create_task(aacquire("aio", ttl=30, timeout=30)._get())
+    await until_in_line("aio", "")
+    assert len(wakers) == 1  # the control: it waits, with a waker
+    assert await lease.arelease()
+    served = await asyncio.wait_for(waiter, 30)
+    assert served.fence > lease.fence
+    await served.arelease()
+
+
 async def test_aacquire_waits_in_line_behind_a_sync_waiter() -> None:
     """Async and thread waiters share one line: served in the order they asked."""
     held = await in_thread(acquire, "aio-mixed", ttl=30)

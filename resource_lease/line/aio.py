@@ -35,7 +35,7 @@ from resource_lease import metrics
 from resource_lease.exceptions import DatabaseUnavailable, LeaseError
 from resource_lease.line.granting import grantor
 from resource_lease.line.steps import Attempt, Call, ClaimHanded, Pause, Waiting
-from resource_lease.line.threads import Grant, Wait, in_time, left
+from resource_lease.line.threads import First, Grant, Wait, arrive, in_time, left
 from resource_lease.line.wakeups import Handed, Waker
 from resource_lease.offload import in_thread
 
@@ -98,31 +98,51 @@ async def _granting(fn: Callable[..., Any], *args: Any) -> Any:
 async def arun(wait: Wait[T]) -> T:
     """Wait in line without blocking the event loop (see the module's docstring); the answer
     of ``wait.conclude``, as ``wait.run()`` gives it in a thread (a grant past its deadline
-    once the line is left is given back and the wait goes on: ``line.in_time``)."""
-    waker = AsyncWaker()
+    once the line is left is given back and the wait goes on: ``line.in_time``).
+
+    A caller pays for the line only when there is one, as in a thread: its first attempt
+    (``threads.arrive``), and the conclusion of the grant it made (or of a one-attempt call),
+    take one worker-thread hop; the ``AsyncWaker`` and the steps are built only once it has
+    granted nothing."""
     deadline = None if wait.timeout is None else time.monotonic() + wait.timeout
-    timeout = wait.timeout
     with metrics.waiting(wait.line.kind, using=wait.line.alias, holder=wait.holder) as measured:
-        while True:
-            grant = await _await_once(wait, waker, timeout, measured)
+        first = await _granting(_at_once, wait, measured)
+        if not isinstance(first, First):
+            return first  # type: ignore[no-any-return]
+        waker = AsyncWaker()
+        arrived = first is First.REFUSED
+        while (timeout := left(deadline)) is None or timeout > 0.0:
+            grant = await _await_once(wait, waker, timeout, measured, arrived=arrived)
+            arrived = False
             if grant is None:
                 break
-            grant = await _granting(in_time, grant)
-            if grant is not None:
-                break
-            timeout = left(deadline)
-            if timeout is not None and timeout <= 0.0:
-                grant = None
-                break
-        return await _granting(wait.finish, grant, measured)  # type: ignore[no-any-return]
+            answer = await _granting(_finish_in_time, wait, grant, measured)
+            if answer is not None:
+                return answer  # type: ignore[no-any-return]
+        return await _granting(wait.finish, None, measured)  # type: ignore[no-any-return]
+
+
+def _at_once(wait: Wait[T], measured: metrics.WaitMeasure) -> T | First:
+    """In a worker thread: the wait's first attempt; its answer at once if it granted, or if
+    it was the only one (``timeout=0``: the refusal raises), else how it ended."""
+    first = arrive(wait)
+    if wait.timeout == 0:
+        return wait.finish(None if isinstance(first, First) else first, measured)
+    return first if isinstance(first, First) else wait.finish(first, measured)
+
+
+def _finish_in_time(wait: Wait[T], grant: T, measured: metrics.WaitMeasure) -> T | None:
+    """In a worker thread: the answer for ``grant`` if it came in time (``in_time``), else
+    None (it was given back: the wait goes on)."""
+    grant_in_time = in_time(grant)
+    return None if grant_in_time is None else wait.finish(grant_in_time, measured)
 
 
 async def _await_once(
-    wait: Wait[T], waker: AsyncWaker, timeout: float | None, measured: metrics.WaitMeasure
+    wait: Wait[T], waker: AsyncWaker, timeout: float | None, measured: metrics.WaitMeasure, *, arrived: bool
 ) -> T | None:
-    if timeout != 0:
-        measured.queued()  # a coroutine's wait counts from its first attempt (one worker-thread hop)
-    waiting = Waiting(wait, timeout=timeout, waker=waker)
+    measured.queued()  # its first attempt granted nothing, or was not made: the caller waits
+    waiting = Waiting(wait, timeout=timeout, waker=waker, arrived=arrived)
     steps = waiting.steps()
     try:
         try:

@@ -3,6 +3,7 @@ waits in a line, run in a thread (``Wait.run``) or awaited (``line.aio.arun``)."
 
 from __future__ import annotations
 
+import enum
 import functools
 import time
 from collections.abc import Callable
@@ -53,37 +54,19 @@ def wait_in_line(wait: Wait[T], waker: Waker | None = None, *, queued: Callable[
     that statement up) is given back, and the wait goes on while its timeout lasts
     (``in_time``).
 
-    A caller pays for the line only when there is one: its first attempt (as it arrives) runs
-    here, without the ``Waker``, the steps and their driver; only when it grants nothing (or
-    could not connect: the driver asks again while the timeout lasts) does the caller take a
-    place, and ``queued`` (the wait's measure: ``metrics.WaitMeasure.queued``) is told so.
+    A caller pays for the line only when there is one: its first attempt (``arrive``) runs
+    without the ``Waker``, the steps and their driver; only when it grants nothing (or could
+    not connect: the driver asks again while the timeout lasts) does the caller take a place,
+    and ``queued`` (the wait's measure: ``metrics.WaitMeasure.queued``) is told so.
     """
     timeout = wait.timeout
-    if timeout == 0:
-        # One attempt as a newcomer: what ``Waiting.steps`` does for it (no place, nothing to
-        # listen to or leave; a statement that could not connect raises at once), without the
-        # Waker, the steps and their driver, which a caller nobody waits for need not pay for.
-        grant = wait.attempt(newcomer(wait.line.alias, wait.make))
-        if grant is None:
-            return None
-        stats.at_once += 1
-        return in_time(grant)
     deadline = None if timeout is None else time.monotonic() + timeout
-    arrived = False  # the first attempt was made here, and granted nothing
-    # Unless every row of the line was marked by this process's own waiters a moment ago: the
-    # try would be refused, and the steps go straight to a place (``Waiting.steps``).
-    if not marked_now(wait.line):
-        try:
-            grant = wait.attempt(grantor(wait.line, ARRIVING, wait.make))
-        except DatabaseUnavailable:
-            grant = None  # nothing was sent: the driver asks again, with its pauses
-        else:
-            arrived = grant is None
-        if grant is not None:
-            stats.at_once += 1
-            if in_time(grant) is not None:
-                return grant
-            arrived = False  # given back late: the wait goes on, from its first attempt
+    first = arrive(wait)
+    if not isinstance(first, First):
+        return first
+    if timeout == 0:
+        return None
+    arrived = first is First.REFUSED
     while True:
         timeout = left(deadline)
         if timeout is not None and timeout <= 0.0:
@@ -94,6 +77,37 @@ def wait_in_line(wait: Wait[T], waker: Waker | None = None, *, queued: Callable[
         arrived = False
         if grant is None or in_time(grant) is not None:
             return grant
+
+
+class First(enum.Enum):
+    """How a wait's first attempt (``arrive``) ended when it gave its caller nothing."""
+
+    #: It granted nothing: the line's steps start at taking a place (``Waiting(arrived=True)``).
+    REFUSED = "refused"
+    #: It was not made (every row of the line was marked by this process's own waiters a
+    #: moment ago: it would be refused), it could not connect (nothing was sent), or its grant
+    #: came too late and was given back: the line's steps start from their first attempt.
+    SKIPPED = "skipped"
+
+
+def arrive(wait: Wait[T]) -> T | First:
+    """The first attempt of ``wait``, as its caller arrives (a newcomer for ``timeout=0``:
+    a statement that could not connect then raises at once), without the line's machinery;
+    its grant if it came in time (``in_time``), else how it ended. Both drivers (this
+    module's, ``line.aio``) make it before they build anything else."""
+    if wait.timeout == 0:
+        grant = wait.attempt(newcomer(wait.line.alias, wait.make))
+    elif marked_now(wait.line):
+        return First.SKIPPED
+    else:
+        try:
+            grant = wait.attempt(grantor(wait.line, ARRIVING, wait.make))
+        except DatabaseUnavailable:
+            return First.SKIPPED  # nothing was sent: the driver asks again, with its pauses
+    if grant is None:
+        return First.REFUSED
+    stats.at_once += 1
+    return First.SKIPPED if in_time(grant) is None else grant
 
 
 def in_time(grant: T) -> T | None:
