@@ -228,7 +228,6 @@ async def test_election_and_watch_with_async_with() -> None:
 
 
 @pytest.mark.usefixtures("pools")
-@pytest.mark.usefixtures("pools")
 async def test_a_coroutine_granted_at_its_first_attempt_pays_for_no_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """A caller pays for the line only when there is one, on the loop as in a thread: on a
     free pool, ``aacquire`` builds no ``AsyncWaker`` and makes its attempt and its grant in one
@@ -261,6 +260,7 @@ async def test_a_coroutine_granted_at_its_first_attempt_pays_for_no_line(monkeyp
     await served.arelease()
 
 
+@pytest.mark.usefixtures("pools")
 async def test_aacquire_waits_in_line_behind_a_sync_waiter() -> None:
     """Async and thread waiters share one line: served in the order they asked."""
     held = await in_thread(acquire, "aio-mixed", ttl=30)
