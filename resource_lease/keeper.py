@@ -125,7 +125,10 @@ class Keeper:
         """Stop running ``job`` (no-op if it is not scheduled); a step running now finishes."""
         with self._cond:
             self._held.pop(id(job), None)
-            if self._jobs.pop(job, None) is not None:
+            if self._jobs.pop(job, None) is not None and not self._jobs:
+                # Its heap entry is dropped when it comes up; the keeper's thread is woken
+                # only when nothing is left to keep (it exits a second later), not at every
+                # lease released or place left.
                 self._cond.notify()
 
     def finish(self, job: Any, timeout: float | None = None) -> bool:
@@ -210,7 +213,11 @@ class Keeper:
         heapq.heappush(self._heap, (due, seq, weakref.ref(job)))
         if self._thread is None:
             self._thread = start_thread(self._run, "resource-lease-keeper")
-        self._cond.notify()
+        elif self._heap[0][1] == seq:
+            # Due before everything else: the keeper's thread waits for a later time. Else
+            # it need not wake (each place in line and renewed lease would cost two thread
+            # switches): it finds the job when its turn comes.
+            self._cond.notify()
 
     # -- the thread ---------------------------------------------------------------------
 

@@ -69,6 +69,35 @@ def test_a_cancelled_job_runs_no_more_and_a_woken_one_runs_at_once() -> None:
     assert not keeper().scheduled(job)
 
 
+def switches(thread: threading.Thread) -> int:
+    """The voluntary context switches of ``thread`` so far (Linux's /proc)."""
+    with open(f"/proc/self/task/{thread.native_id}/status") as status:
+        return int(status.read().split("voluntary_ctxt_switches:")[1].split()[0])
+
+
+def test_a_job_due_after_the_next_one_does_not_wake_the_keeper_thread() -> None:
+    """Scheduling and cancelling jobs due after the one the keeper waits for (a place in line
+    and a renewed lease are each one, on every waited grant) leave its thread asleep. The
+    control: a job due before it wakes the thread, which runs it at once."""
+    first = Job(every=60.0)
+    keeper().schedule(first, 30.0)
+    thread = keeper().thread
+    assert thread is not None
+    time.sleep(0.2)  # the thread waits for ``first`` now
+    later = [Job() for _ in range(100)]
+    before = switches(thread)
+    for job in later:
+        keeper().schedule(job, 40.0)
+        time.sleep(0.002)  # as a waiter does between them: the keeper's thread could run
+        keeper().cancel(job)
+        time.sleep(0.002)
+    assert switches(thread) - before <= 40  # each used to wake it: 200 wake-ups (other tests may leave jobs)
+    sooner = Job(steps=1)
+    keeper().schedule(sooner, 0.0)
+    assert sooner.done.wait(5)
+    keeper().cancel(first)
+
+
 def test_an_overrun_step_is_a_warning_naming_the_job_and_how_long_it_took(caplog: pytest.LogCaptureFixture) -> None:
     job = Job(every=0.1, takes=0.3, steps=2)
     with caplog.at_level(logging.WARNING, logger="resource_lease"):
