@@ -138,7 +138,9 @@ class Context:
         """Workers running the engine of the checkout ``plan.before`` (the 'before' contender)."""
         if self.before_workers is None:
             assert self.plan.before is not None
-            self.before_workers = Workers(self.target.url, self.workers.log_path, engine_path=str(self.plan.before))
+            self.before_workers = Workers(
+                self.target.url, self.workers.log_path, audit=self.workers.audit, engine_path=str(self.plan.before)
+            )
         return self.before_workers
 
     def close_before(self) -> None:
