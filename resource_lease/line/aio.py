@@ -126,9 +126,9 @@ def _at_once(wait: Wait[T], measured: metrics.WaitMeasure) -> T | First:
     """In a worker thread: the wait's first attempt; its answer at once if it granted, or if
     it was the only one (``timeout=0``: the refusal raises), else how it ended."""
     first = arrive(wait)
-    if wait.timeout == 0:
-        return wait.finish(None if isinstance(first, First) else first, measured)
-    return first if isinstance(first, First) else wait.finish(first, measured)
+    if not isinstance(first, First):
+        return wait.finish(first, measured)
+    return wait.finish(None, measured) if wait.timeout == 0 else first
 
 
 def _finish_in_time(wait: Wait[T], grant: T, measured: metrics.WaitMeasure) -> T | None:
