@@ -56,6 +56,13 @@ ROWS = [r for r in SYNC_ROWS + ASYNC_ROWS if r in os.environ.get("LIVENESS_ROWS"
 CONTENDERS = int(os.environ.get("LIVENESS_CONTENDERS", "3"))
 CYCLES = int(os.environ.get("LIVENESS_CYCLES", "4"))
 HOLD = 0.1  # longer than the contenders' start apart: three want two slots at once
+#: The negative control's hold: a row whose contenders never had to wait proves nothing, and
+#: under CI's load one statement on SQLite (one writer for all the rows of three processes) can
+#: take longer than HOLD, so that a refused contender's next statement found the slot free
+#: again and no wake-up was ever needed (the semaphore's row passed the control once so, every
+#: grant within 0.17 s of a release). Held this long, the two first grants of a semaphore of
+#: two are still held when the third contender asks, and it must be woken.
+CONTROL_HOLD = 2.0
 #: Seconds without a grant in a row that has cycles left: a stall. A hand-off takes
 #: milliseconds; this leaves room for a loaded machine, and is far below LINE_POLL_MAX.
 STALL = 12.0
@@ -108,9 +115,9 @@ def _lines() -> list[str]:
     return found
 
 
-def run_matrix(tmp_path: Path, *, no_wakeups: bool) -> dict[str, Any]:
-    """Run every row at once; per row: grants, errors, whether and when it stalled, and the
-    release-to-grant gaps (seconds)."""
+def run_matrix(tmp_path: Path, *, no_wakeups: bool, hold: float = HOLD) -> dict[str, Any]:
+    """Run every row at once, each contender holding each grant ``hold`` seconds; per row:
+    grants, errors, whether and when it stalled, and the release-to-grant gaps (seconds)."""
     _seed()
     out, go = tmp_path / "grants.log", tmp_path / "go"
     env = worker_env(
@@ -130,7 +137,7 @@ def run_matrix(tmp_path: Path, *, no_wakeups: bool) -> dict[str, Any]:
             "--cycles",
             str(CYCLES),
             "--hold",
-            str(HOLD),
+            str(hold),
             "--prefix",
             PREFIX,
             "--out",
@@ -226,7 +233,7 @@ def test_every_waiter_is_woken_at_release(tmp_path: Path) -> None:
 
 
 def test_negative_control_a_missed_wake_up_stalls_every_row(tmp_path: Path) -> None:
-    report = run_matrix(tmp_path, no_wakeups=True)
+    report = run_matrix(tmp_path, no_wakeups=True, hold=CONTROL_HOLD)
     caught = {row for row in ROWS if report[row]["stalled"]}
     missed = {row: report[row] for row in ROWS if row not in caught}
     assert not missed, ("rows the check did not catch with their wake-ups cut", missed, report["_stderr"])
