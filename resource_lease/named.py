@@ -147,7 +147,9 @@ def read(alias: str, kind: str, names: Sequence[str] | None = None) -> Snapshot:
 def write_data(lease: Lease, data: dict[str, Any]) -> bool:
     """Store ``data`` in the leased row's payload if the lease is still ours and live (a
     fenced write: holder, fence and expiry checked by the database in the same statement).
-    True if written; False if the lease was lost (nothing written)."""
+    True if written; False if the lease was lost (nothing written). ``OutcomeUnknown`` if
+    the answer was lost with the connection and the lease was gone when asked again (the
+    write may have landed before it ended)."""
     written = ops(lease.using).write_data(
         pk=lease.resource.pk, holder=lease.holder, fence=lease.fence, data=json_text.dumps(data)
     )

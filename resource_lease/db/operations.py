@@ -32,6 +32,7 @@ from resource_lease.db.line import ANY, BY_ID, BY_NAME, NEWCOMER, READ, Ask, Tur
 from resource_lease.db.line_operations import LineOperations
 from resource_lease.db.session_operations import SessionOperations
 from resource_lease.db.term_operations import TermOperations
+from resource_lease.exceptions import LeaseDatabaseError, OutcomeUnknown
 
 logger = logging.getLogger("resource_lease")
 
@@ -144,14 +145,30 @@ class Operations:
             return run_repeatable(self.alias, settle, what=what)
 
     def write_data(self, *, pk: int, holder: str, fence: int, data: str) -> bool:
-        """A fenced write of a live grant's payload (JSON text), repeatable."""
-        return bool(
-            run_repeatable(
-                self.alias,
-                lambda d, c: d.leases.write_data(c, pk=pk, holder=holder, fence=fence, data=data),
-                what=f"writing resource {pk}'s data",
-            )
-        )
+        """A fenced write of a live grant's payload (JSON text): True if written, False if the
+        grant is not ours (nothing written). An answer lost with the connection is asked again
+        (the same write, harmless while the grant is ours); if the grant is no longer ours by
+        then, the first one may have been written before it ended: ``OutcomeUnknown``, never
+        "nothing written" (a leader's state saved while its successor was elected, through a
+        failover: docs/pitfalls.md#unknown-outcome)."""
+        what = f"writing resource {pk}'s data"
+
+        def write(d: Dialect, c: Any) -> bool:
+            return bool(d.leases.write_data(c, pk=pk, holder=holder, fence=fence, data=data))
+
+        try:
+            return run(self.alias, write, what=what)
+        except Disconnected as lost:
+            try:
+                if run_repeatable(self.alias, write, what=what):
+                    return True
+                why = "when asked again the grant was no longer ours"
+            except LeaseDatabaseError as failed:  # not "nothing written": the first may have been
+                why = f"it could not be asked again ({failed})"
+            raise OutcomeUnknown(
+                f"{what}: the connection to {self.alias!r} was lost during the fenced write, and {why}:"
+                f" the first write may or may not have been applied: {lost}"
+            ) from lost.cause
 
     # -- rows by kind and name -----------------------------------------------------------------------
 

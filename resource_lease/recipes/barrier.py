@@ -32,7 +32,7 @@ from typing import Any
 from resource_lease import named
 from resource_lease.backoff import wait_for
 from resource_lease.doorbell import Doorbell
-from resource_lease.exceptions import BarrierTimeout, LeaseError, MemberTaken
+from resource_lease.exceptions import BarrierTimeout, LeaseError, MemberTaken, OutcomeUnknown
 from resource_lease.lease import Lease
 from resource_lease.models import Resource
 from resource_lease.recipes.groups import check_member, member_row
@@ -230,8 +230,11 @@ class DoubleBarrier:
                 "formed_at": members.now.isoformat(),
                 "formed_by": self.member,
             }
-            if not named.write_data(control, new):
-                return None
+            try:
+                if not named.write_data(control, new):
+                    return None
+            except OutcomeUnknown:
+                return None  # maybe formed: the members read the round from the control row
             logger.info("barrier %r: round %s formed: %s", self.name, new["round"], [c[0] for c in chosen])
             formed = self._ours_in(new)
         finally:

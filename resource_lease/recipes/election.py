@@ -24,7 +24,7 @@ from typing import Any
 from resource_lease import named
 from resource_lease.conf import lease_settings
 from resource_lease.db.operations import ops
-from resource_lease.exceptions import LeaseError, LeaseLost, NoResourceAvailable
+from resource_lease.exceptions import LeaseError, LeaseLost, NoResourceAvailable, OutcomeUnknown
 from resource_lease.keeper import dispatch, keeper
 from resource_lease.lease import Lease, process_identity
 from resource_lease.line import Line, Wait
@@ -269,14 +269,17 @@ class Election:
         """Store ``state`` as the hand-over state, only if we are still the leader.
 
         A fenced write: the database checks holder, fence and expiry in the same
-        statement. Raises ``LeaseLost`` (nothing written) if leadership was lost.
+        statement. Raises ``LeaseLost`` (nothing written) if leadership was lost;
+        ``OutcomeUnknown`` (the leadership lost too) if the connection was lost during the
+        write and the leadership was gone when it was asked again: the state may have been
+        saved, and the next leader may already have read it (docs/pitfalls.md#unknown-outcome).
         """
         check_state(state)
         lease = self.lease
         if lease is None:
             raise LeaseLost(f"{self!r} is not the leader: its state is not ours to save")
         lease.check()
-        if not named.write_data(lease, state):
+        if not _fenced_write(lease, state, "the election's state"):
             lease.mark_lost("a fenced write of the election's state found the leadership expired or taken")
             raise LeaseLost(f"{lease!r}: {lease.lost_reason}")
 
@@ -459,10 +462,20 @@ class LeaderJob:
         if result is not None:
             check_state(result, f"the return value of {self.name!r}")
         lease.renew()  # LeaseLost: the run lost its leadership, nothing is stored
-        if result is not None and not named.write_data(lease, result):
+        if result is not None and not _fenced_write(lease, result, "the job's state"):
             lease.mark_lost("a fenced write of the job's state found the leadership expired or taken")
             raise LeaseLost(f"{lease!r}: {lease.lost_reason}")
         return result
+
+
+def _fenced_write(lease: Lease, state: dict[str, Any], what: str) -> bool:
+    """``named.write_data``; a write of unknown outcome also ends the leadership (it was gone
+    when the write was asked again)."""
+    try:
+        return named.write_data(lease, state)
+    except OutcomeUnknown:
+        lease.mark_lost(f"the answer to a fenced write of {what} was lost, and the leadership was gone after it")
+        raise
 
 
 def leader_only(

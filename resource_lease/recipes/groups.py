@@ -25,7 +25,7 @@ from typing import Any, overload
 
 from resource_lease import named
 from resource_lease.backoff import wait_for
-from resource_lease.exceptions import MemberTaken
+from resource_lease.exceptions import MemberTaken, OutcomeUnknown
 from resource_lease.lease import Lease, process_identity
 from resource_lease.offload import async_twin, in_thread
 from resource_lease.validation import (
@@ -176,8 +176,12 @@ class Group:
 
     def _write_data(self, lease: Lease) -> bool:
         # The member's data, fenced: False if the grant was lost already (a pause right
-        # after it), and the next attempt comes as usual.
-        return named.write_data(lease, self.data)
+        # after it), or lost by the time a write whose answer was lost was asked again (the
+        # next attempt writes it again); the next attempt comes as usual.
+        try:
+            return named.write_data(lease, self.data)
+        except OutcomeUnknown:
+            return False
 
     def _on_lost(self, lease: Lease, reason: str) -> None:
         with self._lock:

@@ -219,7 +219,9 @@ class CutProxy:
     The statement is recognised by byte patterns in one client-to-server packet (the SQL text
     travels in clear on a local connection without TLS). The server runs it to the end (an
     autocommit statement has committed when its answer is sent); the client gets a dropped
-    connection: the outcome is unknown to it. Armed with ``outage``, the statement never
+    connection: the outcome is unknown to it. Armed with ``hold`` and ``lose``, the answer is
+    held back ``hold`` seconds and then lost all the same (a client waiting out its timeout on
+    a server cut off the network, as through a failover). Armed with ``outage``, the statement never
     reaches the server: every connection through the proxy is cut as it is sent, and new ones
     are hung up on for ``outage`` seconds (the database gone for the client, for a moment).
     """
@@ -231,6 +233,7 @@ class CutProxy:
         self._patterns: tuple[bytes, ...] | None = None
         self._hold: float | None = None
         self._outage: float | None = None
+        self._lose = False
         self._unless: bytes | None = None
         self._refuse_until = 0.0
         self._lock = threading.Lock()
@@ -240,17 +243,23 @@ class CutProxy:
         threading.Thread(target=self._accept, name="cut-proxy", daemon=True).start()
 
     def arm(
-        self, *patterns: bytes, hold: float | None = None, outage: float | None = None, unless: bytes | None = None
+        self,
+        *patterns: bytes,
+        hold: float | None = None,
+        lose: bool = False,
+        outage: float | None = None,
+        unless: bytes | None = None,
     ) -> None:
         """Cut the next connection whose client sends one packet containing all ``patterns``
         (and not ``unless``) (with ``hold``: keep it, and hold back the answer to that packet
-        for ``hold`` seconds; with ``outage``: drop that packet, cut every connection and
-        refuse new ones for ``outage`` seconds). ``cuts`` gets the time the answer (or the
-        packet) was caught."""
+        for ``hold`` seconds, then deliver it, or with ``lose`` cut it then; with ``outage``:
+        drop that packet, cut every connection and refuse new ones for ``outage`` seconds).
+        ``cuts`` gets the time the answer (or the packet) was caught."""
         with self._lock:
             self._unless = unless
             self._patterns = patterns
             self._hold = hold
+            self._lose = lose
             self._outage = outage
 
     def _matches(self, data: bytes) -> bool:
@@ -316,10 +325,13 @@ class CutProxy:
         try:
             while data := server.recv(65536):
                 if isinstance(state["cut"], float):
-                    # The answer to the chosen statement, committed: delivered late.
+                    # The answer to the chosen statement, committed: delivered late (or lost late).
                     held, state["cut"] = float(state["cut"]), False
                     self.cuts.put(time.monotonic())
                     time.sleep(held)
+                    if self._lose:
+                        self._close(client, server)
+                        return
                 elif state["cut"]:
                     # The answer to the chosen statement: swallow it and hang up on both sides.
                     self._close(client, server)

@@ -8,6 +8,8 @@ server or connection to lose).
   connection): an acquire is settled by reading the grant back by its token, and a release
   by retrying it;
 - a grant's answer arrives after its lease expired (the proxy holds it back): not handed out;
+- a leader's save is committed and its answer lost as its leadership ends: of unknown outcome,
+  never "nothing written";
 - the server is restarted under it (test_server_restart.py).
 
 The holder reconnects (or reports the loss), and nobody else is granted the resource while
@@ -16,18 +18,23 @@ it still trusts its lease.
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import connection
 
-from resource_lease import acquire
+from resource_lease import Election, acquire
 from resource_lease.conf import lease_settings
 from resource_lease.db.connections import lease_connection
 from resource_lease.exceptions import NoResourceAvailable
 from resource_lease.models import Resource, Waiter
+from resource_lease.pool import force_release
+from tests.conftest import worker_env
 from tests.faults.harness import Child, CutProxy, duration, end_session, rounds, spread
 from tests.grants import Grant, exclusion_violations
 
@@ -462,3 +469,49 @@ def got_expiry(got: dict[str, Any]) -> Any:
     import datetime as dt
 
     return dt.datetime.fromisoformat(got["expires_at"])
+
+
+#: A leader's save of its hand-over state: the election's fenced write of the row's payload.
+SAVE = (b"UPDATE", b"SET data = ")
+
+
+@pytest.mark.parametrize("engine", [True, False], ids=["engine", "naive-control"])
+def test_a_save_lost_as_the_leadership_ends_is_of_unknown_outcome(
+    engine: bool, proxy: CutProxy, spawn_worker: Callable[..., subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    """A leader saves its state; the server commits the save, and its answer is held back, then
+    lost with the connection (as through a failover: the old primary cut off, the client waiting
+    out its timeout). Meanwhile the leadership ends (an operator's force release here, the ttl
+    through a failover) and another candidate is elected, reading the state that save left.
+    Asked again, the write is refused. The leader must be told the outcome is unknown
+    (``OutcomeUnknown``), never ``LeaseLost``'s "nothing written": its successor already works
+    from that state. The Patroni failover test's election checker caught it so: a leader that
+    believed its save lost, a state one ahead of the saves it logged. The control: the write as
+    it was, which said ``LeaseLost``."""
+    name = f"lost-save-{'engine' if engine else 'control'}"
+    go = tmp_path / "go"
+    env = worker_env(DJANGO_SETTINGS_MODULE="tests.faults.settings", **_through(proxy))
+    args = ["--name", name, "--go", str(go), *([] if engine else ["--naive"])]
+    proc = spawn_worker("tests.procs.fenced_save", *args, env=env, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    leader = json.loads(proc.stdout.readline())
+    assert leader["ev"] == "leader", leader
+    held = 6.0  # the answer held back: time for the force release and the successor's election
+    proxy.arm(*SAVE, hold=held, lose=True)
+    go.touch()
+    caught = proxy.cuts.get(timeout=60)  # the save committed, its answer held back
+    assert force_release(Resource.objects.filter(name=name)) == 1
+    successor = Election(name, ttl=30, holder="successor")
+    successor.campaign(timeout=10)
+    state = successor.state
+    before_the_cut = time.monotonic() < caught + held
+    successor.resign()
+    out, _ = proc.communicate(timeout=120)
+    save = next(e for e in map(json.loads, out.splitlines()) if e["ev"] == "save")
+    assert before_the_cut, "the successor was elected after the answer was lost: the fault was not injected"
+    assert state == {"units": 1}, state  # committed before the leadership ended: the successor read it
+    if engine:
+        assert save.get("error") == "OutcomeUnknown", save
+        assert "may or may not have been applied" in save["message"], save
+    else:
+        assert save.get("error") == "LeaseLost", f"the control did not say 'nothing written': {save}"
