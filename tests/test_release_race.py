@@ -20,7 +20,9 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from django.conf import settings
 from django.db import connection, connections
+from django.test import override_settings
 
 from resource_lease import lock, rwlock
 from resource_lease.db.postgresql import PostgreSQLLine
@@ -65,9 +67,21 @@ def waiting_on_lock() -> int:
         return int(cursor.fetchone()[0])
 
 
+#: The release's bounded lock wait while the other transaction holds the row: far above the
+#: time the waiter's process takes to start, take its place and look, which on CI's loaded
+#: machine once outlasted the default 5 s (the release gave up with LockWaitTimeout, and
+#: nothing was released for the waiter to be told of).
+RELEASE_LOCK_WAIT = 60.0
+
+
 def race(kind: str, name: str, release: Callable[[], object], waiter: Callable[[], Waiting]) -> Waiting:
     """Release (in a thread) while another transaction locks the row, start the waiter and let
     it take its place and look, then let the row go; the waiter."""
+    with override_settings(RESOURCE_LEASE={**settings.RESOURCE_LEASE, "LOCK_WAIT_TIMEOUT": RELEASE_LOCK_WAIT}):
+        return _race(kind, name, release, waiter)
+
+
+def _race(kind: str, name: str, release: Callable[[], object], waiter: Callable[[], Waiting]) -> Waiting:
     # The row is marked for a long while (as a waiter of a moment ago left it), so neither the
     # release's check of the mark nor the new waiter's MARK touches the locked row.
     Resource.objects.filter(kind=kind, name=name).update(line_until=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
