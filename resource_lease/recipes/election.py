@@ -279,9 +279,7 @@ class Election:
         if lease is None:
             raise LeaseLost(f"{self!r} is not the leader: its state is not ours to save")
         lease.check()
-        if not _fenced_write(lease, state, "the election's state"):
-            lease.mark_lost("a fenced write of the election's state found the leadership expired or taken")
-            raise LeaseLost(f"{lease!r}: {lease.lost_reason}")
+        _fenced_write(lease, state, "the election's state")
 
     asave_state = async_twin(save_state)
 
@@ -462,20 +460,22 @@ class LeaderJob:
         if result is not None:
             check_state(result, f"the return value of {self.name!r}")
         lease.renew()  # LeaseLost: the run lost its leadership, nothing is stored
-        if result is not None and not _fenced_write(lease, result, "the job's state"):
-            lease.mark_lost("a fenced write of the job's state found the leadership expired or taken")
-            raise LeaseLost(f"{lease!r}: {lease.lost_reason}")
+        if result is not None:
+            _fenced_write(lease, result, "the job's state")
         return result
 
 
-def _fenced_write(lease: Lease, state: dict[str, Any], what: str) -> bool:
-    """``named.write_data``; a write of unknown outcome also ends the leadership (it was gone
-    when the write was asked again)."""
+def _fenced_write(lease: Lease, state: dict[str, Any], what: str) -> None:
+    """Store ``state`` under the leadership (``named.write_data``). Refused: the leadership is
+    lost, ``LeaseLost`` (nothing written); of unknown outcome: lost too, ``OutcomeUnknown``."""
     try:
-        return named.write_data(lease, state)
+        written = named.write_data(lease, state)
     except OutcomeUnknown:
         lease.mark_lost(f"the answer to a fenced write of {what} was lost, and the leadership was gone after it")
         raise
+    if not written:
+        lease.mark_lost(f"a fenced write of {what} found the leadership expired or taken")
+        raise LeaseLost(f"{lease!r}: {lease.lost_reason}")
 
 
 def leader_only(
