@@ -98,6 +98,12 @@ class Keeper:
         # The jobs that run until they are cancelled or stop, referred to or not (``hold``).
         self._held: dict[int, Any] = {}
         self._thread: threading.Thread | None = None
+        # Until when (monotonic) the keeper's thread sleeps in its condition wait, while it
+        # does; None while it runs (it looks at the heap, under the lock, before it waits
+        # again). A new job wakes it only if due before then, and a cancel only if it would
+        # otherwise sleep on past its idle exit: a lone lease's grant and release then cost
+        # no thread switch (issue 39: two wake-ups of this thread per uncontended cycle).
+        self._sleeping_until: float | None = None
         self.callbacks = Callbacks()
         #: Set once the process gives back everything it holds (``resource_lease.shutdown``):
         #: from then on it is refused new grants and new places in line.
@@ -126,10 +132,14 @@ class Keeper:
         with self._cond:
             self._held.pop(id(job), None)
             if self._jobs.pop(job, None) is not None and not self._jobs:
-                # Its heap entry is dropped when it comes up; the keeper's thread is woken
-                # only when nothing is left to keep (it exits a second later), not at every
-                # lease released or place left.
-                self._cond.notify()
+                # Its heap entry is dropped when it comes up. With nothing left to keep, the
+                # keeper's thread is woken only if it would otherwise sleep on past its idle
+                # exit (for the due time of a job that is gone): so it exits about a second
+                # from now and closes its connection, and a lone lease released within a
+                # second of its grant costs no thread switch.
+                until = self._sleeping_until
+                if until is not None and until > time.monotonic() + IDLE_EXIT:
+                    self._cond.notify()
 
     def finish(self, job: Any, timeout: float | None = None) -> bool:
         """Wait until no step of ``job`` runs (after ``cancel``: the one running now has
@@ -213,10 +223,10 @@ class Keeper:
         heapq.heappush(self._heap, (due, seq, weakref.ref(job)))
         if self._thread is None:
             self._thread = start_thread(self._run, "resource-lease-keeper")
-        elif self._heap[0][1] == seq:
-            # Due before everything else: the keeper's thread waits for a later time. Else
-            # it need not wake (each place in line and renewed lease would cost two thread
-            # switches): it finds the job when its turn comes.
+        elif self._sleeping_until is not None and due < self._sleeping_until:
+            # Due before the keeper's thread wakes up. Else it need not wake (each place in
+            # line and renewed lease would cost two thread switches): it finds the job when
+            # it next looks at the heap, before it is due.
             self._cond.notify()
 
     # -- the thread ---------------------------------------------------------------------
@@ -240,7 +250,7 @@ class Keeper:
                         idle_since = time.monotonic()
                     idle_left = IDLE_EXIT - (time.monotonic() - idle_since)
                     if idle_left > 0:
-                        self._cond.wait(idle_left)
+                        self._sleep(idle_left)
                         continue
                     self._thread = None
                     return None
@@ -254,7 +264,16 @@ class Keeper:
                     self._running = job
                     return job, step
                 del job
-                self._cond.wait(delay)
+                self._sleep(delay)
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait (the lock held, ``_cond``) up to ``seconds`` for a notify; ``_push`` and
+        ``cancel`` read until when."""
+        self._sleeping_until = time.monotonic() + seconds
+        try:
+            self._cond.wait(seconds)
+        finally:
+            self._sleeping_until = None
 
     def _run(self) -> None:
         try:

@@ -98,6 +98,42 @@ def test_a_job_due_after_the_next_one_does_not_wake_the_keeper_thread() -> None:
     keeper().cancel(first)
 
 
+def test_a_lone_lease_granted_and_released_leaves_the_keeper_thread_asleep() -> None:
+    """A lock taken and given back while the keeper keeps nothing else schedules its renewal
+    and cancels it: neither wakes the keeper's thread, which sleeps through its idle second
+    (issue 39: each used to, two thread switches on every uncontended cycle)."""
+    with lock("keeper-lone", ttl=30):
+        pass  # starts the keeper's thread, if it had exited
+    thread = keeper().thread
+    assert thread is not None
+    before = switches(thread)
+    for _ in range(100):
+        with lock("keeper-lone", ttl=30):
+            pass
+    woken = switches(thread) - before
+    print(f"the keeper's thread switched {woken} times over 100 lock cycles")
+    assert woken <= 40  # 200 before (a wake-up at each grant and each release)
+
+
+def test_the_keeper_thread_exits_soon_after_its_last_job_is_cancelled() -> None:
+    """With nothing left to keep, the keeper's thread exits about a second later (and closes
+    its connections), though the job cancelled was due a minute later: the cancel wakes it
+    because it would otherwise sleep until then. The control is the sleep it would have."""
+    deadline = time.monotonic() + 10
+    while keeper().jobs() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert keeper().jobs() == [], "jobs of earlier tests are still kept"
+    job = Job(every=60.0)
+    keeper().schedule(job, 60.0)
+    time.sleep(0.3)  # the thread sleeps until the job is due
+    thread = keeper().thread
+    assert thread is not None and thread.is_alive()
+    keeper().cancel(job)
+    thread.join(timeout=5)
+    assert not thread.is_alive(), "the keeper's thread slept on for the cancelled job"
+    assert job.ran == 0
+
+
 def test_an_overrun_step_is_a_warning_naming_the_job_and_how_long_it_took(caplog: pytest.LogCaptureFixture) -> None:
     job = Job(every=0.1, takes=0.3, steps=2)
     with caplog.at_level(logging.WARNING, logger="resource_lease"):
