@@ -126,7 +126,19 @@ class CycleTask(Task):
     def cleanup(self) -> None:
         contender = getattr(self, "contender", None)
         if contender is not None:
-            contender.close()
+            # Closed when the next task arrives, not now: the parent reads the server's CPU
+            # once every worker has said "done", and a backend that has exited by then cannot
+            # be read (the window's server CPU read 0 on PostgreSQL, one backend per worker).
+            _closing.append(contender)
+
+
+#: Contenders of finished cycle windows, closed when the worker is given its next task.
+_closing: list[Any] = []
+
+
+def _close_finished() -> None:
+    while _closing:
+        _closing.pop().close()
 
 
 class ScarceTask(Task):
@@ -354,6 +366,7 @@ def main() -> None:
     channel.send({"state": "started", "pid": os.getpid()})
 
     while (spec := channel.receive()) is not None:
+        _close_finished()
         task: Task | None = None
         try:
             task = TASKS[spec["task"]](spec, channel)
