@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -45,6 +46,18 @@ def start(spawn_worker: Any, make_pool: Any, tag: str, *flags: str) -> tuple[sub
     return proc, blocker
 
 
+def ended(proc: subprocess.Popen[str], timeout: float = 60) -> int:
+    """The process's exit status once it has exited; if it has not within ``timeout`` seconds,
+    every thread's stack (SIGUSR1: the child's faulthandler, into the captured stderr), then
+    a failure that says so."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(1)
+        pytest.fail(f"the process did not exit within {timeout}s; its threads' stacks are in its stderr")
+
+
 def held_by_the_dead(tag: str) -> dict[str, bool]:
     """What the process held, whether still taken (asked right after it ended)."""
     held: dict[str, bool] = {}
@@ -65,7 +78,7 @@ def held_by_the_dead(tag: str) -> dict[str, bool]:
 def test_sigterm_gives_back_the_lease_the_lock_and_the_place_at_once(make_pool: Any, spawn_worker: Any) -> None:
     proc, blocker = start(spawn_worker, make_pool, "term", "--handler")
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 143
+    assert ended(proc) == 143
     assert held_by_the_dead("term") == {"lease": False, "lock": False, "place": False}
     blocker.release()
 
@@ -73,15 +86,17 @@ def test_sigterm_gives_back_the_lease_the_lock_and_the_place_at_once(make_pool: 
 def test_negative_control_without_the_handler_sigterm_keeps_all_three(make_pool: Any, spawn_worker: Any) -> None:
     proc, blocker = start(spawn_worker, make_pool, "ctl")
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == -signal.SIGTERM
+    assert ended(proc) == -signal.SIGTERM
     assert held_by_the_dead("ctl") == {"lease": True, "lock": True, "place": True}
     blocker.release()
 
 
 def test_a_normal_exit_gives_back_what_is_still_held(make_pool: Any, spawn_worker: Any) -> None:
     proc, blocker = start(spawn_worker, make_pool, "exit", "--handler", "--exit")
-    proc.communicate("exit\n", timeout=60)
-    assert proc.returncode == 0
+    assert proc.stdin is not None
+    proc.stdin.write("exit\n")
+    proc.stdin.flush()
+    assert ended(proc) == 0
     assert held_by_the_dead("exit") == {"lease": False, "lock": False, "place": False}
     blocker.release()
 
@@ -104,11 +119,13 @@ def test_a_place_taken_as_the_process_stops_is_given_back_once_registered(
     its ttl (the daemon thread is frozen as the interpreter ends)."""
     proc, blocker = start(spawn_worker, make_pool, f"reg-{how}"[:20], "--handler", "--slow-register", *flags)
     if "--exit" in flags:
-        proc.communicate("exit\n", timeout=60)
-        assert proc.returncode == 0
+        assert proc.stdin is not None
+        proc.stdin.write("exit\n")
+        proc.stdin.flush()
+        assert ended(proc) == 0
     else:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 143
+        assert ended(proc) == 143
     assert held_by_the_dead(f"reg-{how}"[:20]) == {"lease": False, "lock": False, "place": place_kept}
     blocker.release()
 
@@ -116,7 +133,7 @@ def test_a_place_taken_as_the_process_stops_is_given_back_once_registered(
 def test_a_handler_installed_before_is_called_instead_of_exiting(make_pool: Any, spawn_worker: Any) -> None:
     proc, blocker = start(spawn_worker, make_pool, "chain", "--handler", "--chain")
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 7  # the application's own handler decided
+    assert ended(proc) == 7  # the application's own handler decided
     assert held_by_the_dead("chain") == {"lease": False, "lock": False, "place": False}
     blocker.release()
 

@@ -17,6 +17,7 @@ negative control) makes the giving back not wait for it (``Keeper.settle``).
 
 from __future__ import annotations
 
+import faulthandler
 import signal
 import sys
 import threading
@@ -27,6 +28,9 @@ from tests.procs import setup
 
 
 def main() -> None:
+    # SIGUSR1: every thread's stack into stderr (the test asks for it when the process does
+    # not exit: tests/test_shutdown.py's ``ended``).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     kind, lock_name, wait_kind, ttl = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
     setup()
     from resource_lease import acquire, install_sigterm_handler, lock
