@@ -23,7 +23,8 @@
 #      BUDGET (seconds for the whole script, 450), PY (python3), PG_OS_USER (pgrun),
 #      BEFORE (.devbench/t3; 'none' to skip the --before run), KEEP_PGDATA=1 (keep the data dir),
 #      CASES (waiting cases), WAITING_SECONDS (window; lease_bench's default 5, QUICK 2),
-#      EXTRA (a script sourced once the server is up, instead of the steps: gap.sh, cycles.sh).
+#      EXTRA (a script sourced once the server is up, instead of the steps: gap.sh, cycles.sh,
+#      cycle8.sh, profdiff.sh).
 set -u
 T0=$(date +%s)
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
