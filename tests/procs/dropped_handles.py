@@ -14,6 +14,7 @@ weakly as before (a dropped handle is collected and stops without a word).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import sys
 import threading
@@ -53,6 +54,9 @@ def main() -> int:
 
         Keeper.schedule = weak_schedule  # type: ignore[method-assign]
 
+    # A start that takes this long is stuck: every thread's stack into stderr, which the test
+    # shows when it gives up on READY (once, in a full run, READY never came).
+    faulthandler.dump_traceback_later(45)
     p, poll = args.prefix, args.poll
     watch(f"{p}topic", lambda payload, version: say("watch", payload), poll=poll)
     Config(f"{p}config", {"k": 0}, poll=poll).watch(lambda key, old, new: say("config", key, new))
@@ -64,6 +68,7 @@ def main() -> int:
     )
     gc.collect()
     print("READY", flush=True)
+    faulthandler.cancel_dump_traceback_later()
     while True:  # as a long-running process does, now and then
         time.sleep(0.3)
         gc.collect()
