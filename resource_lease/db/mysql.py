@@ -70,6 +70,9 @@ _CLOCK_MASK = (1 << _CLOCK_BITS) - 1
 _FENCE_SHIFT = _CLOCK_BITS + 1
 _FENCE_LIMIT = 1 << 37  # (fence + 1) << 25 stays inside a signed BIGINT
 _EPOCH = dt.datetime(1970, 1, 1)
+_EPOCH_UTC = _EPOCH.replace(tzinfo=dt.UTC)
+_MICROSECOND = dt.timedelta(microseconds=1)
+_HALF_SPAN = 1 << (_CLOCK_BITS - 1)
 
 
 # -- the statements that differ on MySQL (resource_lease.db.statements has the others) -------
@@ -180,11 +183,14 @@ RW_READ = Returning(
 
 def _unfold(low: int, estimate: dt.datetime) -> dt.datetime | None:
     """The naive UTC datetime whose microseconds since the epoch end in ``low`` (24 bits) and
-    lie nearest ``estimate``; None if even that is more than 4 s away (the estimate is off)."""
-    approx = round((estimate - _EPOCH.replace(tzinfo=dt.UTC)).total_seconds() * 1_000_000)
-    span = 1 << _CLOCK_BITS
-    base = approx - (approx & _CLOCK_MASK) + low
-    best = min((base - span, base, base + span), key=lambda v: abs(v - approx))
+    lie nearest ``estimate``; None if even that is more than 4 s away (the estimate is off).
+    Integer microseconds throughout (it runs once per probed grant)."""
+    approx = (estimate - _EPOCH_UTC) // _MICROSECOND
+    best = approx - (approx & _CLOCK_MASK) + low  # within a span of approx, either side
+    if best - approx >= _HALF_SPAN:
+        best -= 1 << _CLOCK_BITS
+    elif approx - best > _HALF_SPAN:
+        best += 1 << _CLOCK_BITS
     if abs(best - approx) > 4_000_000:
         return None
     return _EPOCH + dt.timedelta(microseconds=best)
