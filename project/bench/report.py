@@ -12,6 +12,8 @@ import os
 import platform
 import socket
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -55,7 +57,44 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": sys.version.split()[0],
         "load_average_at_start": [round(v, 2) for v in load] if load else None,
+        "wake_cpu_us": wake_cpu_us(),
     }
+
+
+def wake_cpu_us(rounds: int = 2000) -> float:
+    """Microseconds of a thread's own CPU to block and be woken by another thread, here (the
+    median of three runs of ``rounds`` ping-pongs): what the machine charges for a switch.
+    A waited grant blocks its waiter at least four times (a place, a look, the wait, the
+    hand-off's NOTIFY to its LISTEN thread), so its client CPU is bounded below by this; it
+    is some 35 us on a 2-core VM and a few on bare metal (docs/benchmarks.md)."""
+    return round(sorted(_ping_pong(rounds) for _ in range(3))[1], 1)
+
+
+def _ping_pong(rounds: int) -> float:
+    ping, pong = threading.Event(), threading.Event()
+
+    def answer() -> None:
+        for _ in range(rounds):
+            ping.wait()
+            ping.clear()
+            pong.set()
+
+    other = threading.Thread(target=answer, name="lease-bench-pong", daemon=True)
+    other.start()
+    started = time.thread_time()
+    for _ in range(rounds):
+        ping.set()
+        pong.wait()
+        pong.clear()
+    took = time.thread_time() - started
+    other.join()
+    return took / rounds * 1e6
+
+
+def wake_figure(host: dict[str, Any]) -> str:
+    """``wake_cpu_us`` as the summary says it ('not measured' in JSON from before it was)."""
+    value = host.get("wake_cpu_us")
+    return "(not measured)" if value is None else f"{value:g} us"
 
 
 def write_json(doc: Doc, out: Path) -> Path:

@@ -317,6 +317,7 @@ class Command(BaseCommand):
         meta = docs[0]["meta"]
         head = [
             f"lease_bench on {meta['machine']['host']} ({meta['machine']['cpus']} CPUs), {meta['date']}",
+            f"a thread blocked and woken here costs {report.wake_figure(meta['machine'])} of its own CPU",
             f"command: {meta['command']}",
             "",
         ]
