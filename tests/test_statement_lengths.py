@@ -7,8 +7,8 @@ result only for a query of at most ``MAX_CACHED_STATEMENT_LENGTH`` bytes (4,096 
 RELEASE, the statement of every release that may hand its row over, is 4,081 bytes: a few more
 words in it would add that to every release without any test noticing. This one notices.
 
-Negative control: psycopg scans a query one byte over the limit again on every execution (its
-cache's hits do not grow), and one at the limit once.
+Negative control: run through the engine's cursor, a query exactly at the limit goes through
+psycopg's cache (``_query2pg``), and one byte over goes around it (scanned on every execution).
 """
 
 from __future__ import annotations

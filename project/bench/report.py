@@ -65,8 +65,8 @@ def wake_cpu_us(rounds: int = 2000) -> float:
     """Microseconds of a thread's own CPU to block and be woken by another thread, here (the
     median of three runs of ``rounds`` ping-pongs): what the machine charges for a switch.
     A waited grant blocks its waiter at least four times (a place, a look, the wait, the
-    hand-off's NOTIFY to its LISTEN thread), so its client CPU is bounded below by this; it
-    is some 35 us on a 2-core VM and a few on bare metal (docs/benchmarks.md)."""
+    hand-off's NOTIFY to its LISTEN thread), so its client CPU is bounded below by this: 16-36
+    us on the project's 2-core VM (docs/benchmarks.md, eighth session)."""
     return round(sorted(_ping_pong(rounds) for _ in range(3))[1], 1)
 
 
