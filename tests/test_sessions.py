@@ -124,6 +124,43 @@ def test_a_waiter_for_a_bound_resource_quarantined_meanwhile_gets_another(make_p
     assert got["event"] == "granted" and got["resource"] != held.resource.name and got["rebound"] is True, got
 
 
+def test_a_deaf_waiter_still_finds_in_time_that_its_bound_resource_was_quarantined(make_pool, spawn_worker) -> None:
+    """The session's own tries (``lease.SESSION_RETRY``) do not depend on being woken: a waiter
+    that hears nothing and looks no sooner than LINE_POLL_MAX (120 s here) still finds, within
+    a few seconds, that its bound resource can no longer serve it, and takes another. Before,
+    its tries came only with its looks: a turn told before its LISTEN was in force (a loaded
+    machine) left it asleep past its timeout."""
+    make_pool("proxy", 3)
+    pool_policy("proxy", error_threshold=1, backoff=(60, 60))
+    held = acquire("proxy", session="s", ttl=30)
+    waiter = start(spawn_worker, "wait", "--kind", "proxy", "--session", "s", "--timeout", "10", "--deaf")
+    deadline = time.monotonic() + 20
+    while not Waiter.objects.filter(kind="proxy", name=held.resource.name).exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    held.report("error")
+    held.release()
+    got = answer(waiter)
+    assert got["event"] == "granted" and got["resource"] != held.resource.name and got["rebound"] is True, got
+
+
+def test_negative_control_a_deaf_waiter_sleeps_through_a_release(make_pool, spawn_worker) -> None:
+    """What ``--deaf`` does: a waiter whose session has no binding yet (an ordinary wait in the
+    pool's line, no tries of its own), every resource held, is not served by a release within
+    its timeout (it would look again after LINE_POLL_MAX only): what serves the deaf session
+    waiter above is its own tries."""
+    make_pool("proxy", 1)
+    held = acquire("proxy", ttl=30)
+    waiter = start(spawn_worker, "wait", "--kind", "proxy", "--session", "other", "--timeout", "3", "--deaf")
+    deadline = time.monotonic() + 20
+    while not Waiter.objects.filter(kind="proxy").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    held.release()
+    got = answer(waiter)
+    assert got["event"] == "refused", got
+
+
 def test_a_binding_idle_past_session_idle_is_forgotten(make_pool) -> None:
     make_pool("proxy", 3)
     pool_policy("proxy", session_idle=1)

@@ -316,6 +316,14 @@ class Waiting:
                     continue
                 estimate = _short_of(look)
                 look_at = now + _interval(look, told)
+                if self.retry_every and look.ahead == 0:
+                    # First in line: look (and try) again within ``retry_every`` of the last
+                    # try, whatever the look's pause says. A bound row that stops serving its
+                    # session (quarantined as it was released) may be released with no turn
+                    # told that reaches the waiter (a NOTIFY sent before its LISTEN came into
+                    # force): with the pushed pause of LINE_POLL_MAX the waiter slept through
+                    # its timeout (tests/test_sessions.py, once on a loaded machine).
+                    look_at = min(look_at, tried_at + self.retry_every)
                 if look.free > look.ahead - look.filtered:
                     # A row this waiter may take is free, unless waiters ahead take it first
                     # (those with a where= of their own may not want it): try, the statement
