@@ -321,15 +321,23 @@ def resolve_holder(holder: Any, default: Callable[[], str]) -> str:
     return check_holder(holder) or default()
 
 
+#: Whether each alias's database has a single writer (SQLite), as its dialect says, asked once
+#: per alias: the caller's transaction is then looked at only there. Django's ``connections``
+#: is an asgiref ``Local``, and that lookup cost every ``acquire()`` some 10-15 us of CPU
+#: between its round trips (docs/benchmarks.md, ninth session).
+_single_writer: dict[str, bool] = {}
+
+
 def refuse_inside_single_writer_transaction(alias: str, what: str) -> None:
     """On a single-writer database (SQLite), a write on the engine's own connection from
     inside the caller's open write transaction would wait for that transaction's own lock:
     refuse it clearly instead of hanging for the busy timeout (docs/pitfalls.md#sqlite)."""
-    if not transaction.get_connection(alias).in_atomic_block:
-        return
-    from resource_lease.db import dialect_class
+    single = _single_writer.get(alias)
+    if single is None:
+        from resource_lease.db import dialect_class
 
-    if dialect_class(connections[alias].vendor).single_writer:
+        single = _single_writer[alias] = dialect_class(connections[alias].vendor).single_writer
+    if single and transaction.get_connection(alias).in_atomic_block:
         raise LeaseError(
             f"{what} inside an open transaction on {alias!r}: this database has a single writer, so it would "
             "wait for your own transaction's lock. Call it before entering atomic() (or in transaction.on_commit)."
