@@ -144,18 +144,23 @@ def test_a_deaf_waiter_still_finds_in_time_that_its_bound_resource_was_quarantin
     assert got["event"] == "granted" and got["resource"] != held.resource.name and got["rebound"] is True, got
 
 
-def test_negative_control_a_deaf_waiter_sleeps_through_a_release(make_pool, spawn_worker) -> None:
-    """What ``--deaf`` does: a waiter whose session has no binding yet (an ordinary wait in the
-    pool's line, no tries of its own), every resource held, is not served by a release within
-    its timeout (it would look again after LINE_POLL_MAX only): what serves the deaf session
-    waiter above is its own tries."""
-    make_pool("proxy", 1)
-    held = acquire("proxy", ttl=30)
-    waiter = start(spawn_worker, "wait", "--kind", "proxy", "--session", "other", "--timeout", "3", "--deaf")
+def test_negative_control_without_its_own_tries_a_deaf_waiter_sleeps_through_its_timeout(
+    make_pool, spawn_worker
+) -> None:
+    """The same, the waiter's own tries of its bound resource turned off (``--no-session-retry``):
+    nothing tells it that the resource was quarantined, and it is refused at its timeout. What
+    serves the deaf waiter above is those tries, and they now come whatever its looks say."""
+    make_pool("proxy", 3)
+    pool_policy("proxy", error_threshold=1, backoff=(60, 60))
+    held = acquire("proxy", session="s", ttl=30)
+    waiter = start(
+        spawn_worker, "wait", "--kind", "proxy", "--session", "s", "--timeout", "4", "--deaf", "--no-session-retry"
+    )
     deadline = time.monotonic() + 20
-    while not Waiter.objects.filter(kind="proxy").exists():
+    while not Waiter.objects.filter(kind="proxy", name=held.resource.name).exists():
         assert time.monotonic() < deadline
         time.sleep(0.02)
+    held.report("error")
     held.release()
     got = answer(waiter)
     assert got["event"] == "refused", got

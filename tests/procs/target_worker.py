@@ -1,6 +1,7 @@
 """A caller of a pool with targets or sessions, for tests/test_targets.py and tests/test_sessions.py.
 
     python -m tests.procs.target_worker wait --kind K (--target T | --session S) --timeout S [--hold H] [--deaf]
+        [--no-session-retry]
     python -m tests.procs.target_worker cycle --kind K --target T --seconds S --cooldown C [--no-cooldown]
 
 ``wait``: prints ``{"event": "ready"}``, then waits in line once for a resource of K not
@@ -8,7 +9,8 @@ cooling down for T (or the one bound to the session S); prints ``granted`` (the 
 grant's database clock, how long it waited, whether the session was rebound) or ``refused``,
 holds H seconds and releases. ``--deaf``: no wake-up reaches the waiter and it looks at its
 line no sooner than ``LINE_POLL_MAX`` (``project.bench.liveness_contender.cut_wakeups``, the
-liveness matrix's negative control). ``cycle``: until S seconds have
+liveness matrix's negative control); ``--no-session-retry``: a session's waiter never tries its
+bound resource of its own (``lease.SESSION_RETRY`` 0: a negative control). ``cycle``: until S seconds have
 passed, acquires a resource for T (waiting up to 10 s), reads the database's clock, and
 releases it with a cooldown of C seconds (``--no-cooldown``: the negative control, releases
 it plainly); then prints one ``history`` event: per grant, the resource, the grant's database
@@ -62,6 +64,7 @@ def main() -> None:
     parser.add_argument("--cooldown", type=float, default=0.3)
     parser.add_argument("--no-cooldown", action="store_true")
     parser.add_argument("--deaf", action="store_true")
+    parser.add_argument("--no-session-retry", action="store_true")
     args = parser.parse_args()
     setup()
     from resource_lease import NoResourceAvailable, acquire
@@ -76,6 +79,10 @@ def main() -> None:
         from project.bench.liveness_contender import cut_wakeups
 
         cut_wakeups()
+    if args.no_session_retry:
+        from resource_lease import lease as lease_module
+
+        lease_module.SESSION_RETRY = 0.0
     print(json.dumps({"event": "ready"}), flush=True)
     if args.mode == "wait":
         started = time.monotonic()
