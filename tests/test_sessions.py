@@ -109,19 +109,26 @@ def test_a_bound_resource_that_cannot_serve_is_replaced_by_a_new_binding(make_po
     third.release()
 
 
-def test_a_waiter_for_a_bound_resource_quarantined_meanwhile_gets_another(make_pool, spawn_worker) -> None:
-    make_pool("proxy", 3)
+def quarantined_while_waited(spawn_worker: Any, *flags: str, timeout: float = 10) -> tuple[dict[str, Any], str]:
+    """A session's waiter (started with ``flags``) waits in line for its bound resource, which
+    its holder's report quarantines (threshold 1: effective at its release) before releasing
+    it; the waiter's answer, and the quarantined resource's name."""
     pool_policy("proxy", error_threshold=1, backoff=(60, 60))
     held = acquire("proxy", session="s", ttl=30)
-    waiter = start(spawn_worker, "wait", "--kind", "proxy", "--session", "s", "--timeout", "10")
+    waiter = start(spawn_worker, "wait", "--kind", "proxy", "--session", "s", "--timeout", str(timeout), *flags)
     deadline = time.monotonic() + 20
     while not Waiter.objects.filter(kind="proxy", name=held.resource.name).exists():
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    held.report("error")  # quarantined automatically (threshold 1), effective at its release
+    held.report("error")
     held.release()
-    got = answer(waiter)
-    assert got["event"] == "granted" and got["resource"] != held.resource.name and got["rebound"] is True, got
+    return answer(waiter), held.resource.name
+
+
+def test_a_waiter_for_a_bound_resource_quarantined_meanwhile_gets_another(make_pool, spawn_worker) -> None:
+    make_pool("proxy", 3)
+    got, quarantined = quarantined_while_waited(spawn_worker)
+    assert got["event"] == "granted" and got["resource"] != quarantined and got["rebound"] is True, got
 
 
 def test_a_deaf_waiter_still_finds_in_time_that_its_bound_resource_was_quarantined(make_pool, spawn_worker) -> None:
@@ -131,17 +138,8 @@ def test_a_deaf_waiter_still_finds_in_time_that_its_bound_resource_was_quarantin
     its tries came only with its looks: a turn told before its LISTEN was in force (a loaded
     machine) left it asleep past its timeout."""
     make_pool("proxy", 3)
-    pool_policy("proxy", error_threshold=1, backoff=(60, 60))
-    held = acquire("proxy", session="s", ttl=30)
-    waiter = start(spawn_worker, "wait", "--kind", "proxy", "--session", "s", "--timeout", "10", "--deaf")
-    deadline = time.monotonic() + 20
-    while not Waiter.objects.filter(kind="proxy", name=held.resource.name).exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    held.report("error")
-    held.release()
-    got = answer(waiter)
-    assert got["event"] == "granted" and got["resource"] != held.resource.name and got["rebound"] is True, got
+    got, quarantined = quarantined_while_waited(spawn_worker, "--deaf")
+    assert got["event"] == "granted" and got["resource"] != quarantined and got["rebound"] is True, got
 
 
 def test_negative_control_without_its_own_tries_a_deaf_waiter_sleeps_through_its_timeout(
@@ -151,18 +149,7 @@ def test_negative_control_without_its_own_tries_a_deaf_waiter_sleeps_through_its
     nothing tells it that the resource was quarantined, and it is refused at its timeout. What
     serves the deaf waiter above is those tries, and they now come whatever its looks say."""
     make_pool("proxy", 3)
-    pool_policy("proxy", error_threshold=1, backoff=(60, 60))
-    held = acquire("proxy", session="s", ttl=30)
-    waiter = start(
-        spawn_worker, "wait", "--kind", "proxy", "--session", "s", "--timeout", "4", "--deaf", "--no-session-retry"
-    )
-    deadline = time.monotonic() + 20
-    while not Waiter.objects.filter(kind="proxy", name=held.resource.name).exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    held.report("error")
-    held.release()
-    got = answer(waiter)
+    got, _ = quarantined_while_waited(spawn_worker, "--deaf", "--no-session-retry", timeout=4)
     assert got["event"] == "refused", got
 
 
