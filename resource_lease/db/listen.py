@@ -298,9 +298,9 @@ def _drain(state: _Alias) -> list[tuple[str, str]]:
     """(channel, payload) of each notification that reached the LISTEN connection of ``state``,
     whose socket ``select`` found readable: read as psycopg's ``notifies()`` reads them
     (``consume_input``, then each parsed notification), without its generator, lock and wait
-    (63 us of the LISTEN thread's CPU per wake-up here, about a third of its turn:
-    docs/benchmarks.md). Only this thread uses the connection. After a LISTEN or UNLISTEN ran
-    on it, through ``notifies()`` itself, which first returns what psycopg kept meanwhile."""
+    (88-91 us of the LISTEN thread's 270 per hand-off here: docs/benchmarks.md, ninth
+    session). Only this thread uses the connection. After a LISTEN or UNLISTEN ran on it,
+    through ``notifies()`` itself, which first returns what psycopg kept meanwhile."""
     raw = state.conn.wrapper.connection
     if state.backlog:
         state.backlog = False
