@@ -80,6 +80,9 @@ def test_smoke_mode_runs_every_scenario_on_the_test_database(tmp_path: Path) -> 
         unwaited = point["results"]["unwaited"]
         assert unwaited["grants"] > 0 and unwaited["client_cpu_ms_per_grant"] > 0
         assert "utilisation" not in unwaited
+        # The server's CPU per grant is read (from /proc: 10 ms ticks, so a smoke window's
+        # may be 0; SQLite has no server process, 0 too).
+        assert engine["server_cpu_ms_per_grant"] >= 0 and unwaited["server_cpu_ms_per_grant"] >= 0
 
     crawl = _result(tmp_path, "crawl")
     assert list(crawl["results"]) == ["pool", "plain", "peer"]

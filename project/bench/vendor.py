@@ -74,9 +74,11 @@ def counters(target: Target) -> dict[str, int]:
 SERVER_PROCESSES = {"mysql": ("mysqld", "mariadbd"), "postgresql": ("postgres",)}
 
 
-def cpu_ticks(*, pids: list[int] | None = None, names: tuple[str, ...] = ()) -> dict[int, int]:
+def cpu_ticks(*, pids: list[int] | None = None, names: tuple[str, ...] = (), reaped: bool = False) -> dict[int, int]:
     """CPU clock ticks (user + system) by pid, from /proc: of ``pids``, or else of every
-    process named one of ``names``; a process gone meanwhile is left out."""
+    process named one of ``names``; a process gone meanwhile is left out. ``reaped``: also
+    what each one's exited children spent (cutime, cstime), which the kernel adds to the
+    parent once it has waited for them (PostgreSQL's postmaster and its backends)."""
     procs = [Path(f"/proc/{pid}") for pid in pids] if pids is not None else Path("/proc").glob("[0-9]*")
     found: dict[int, int] = {}
     for proc in procs:
@@ -86,26 +88,21 @@ def cpu_ticks(*, pids: list[int] | None = None, names: tuple[str, ...] = ()) -> 
             continue  # gone meanwhile
         if pids is not None or stat[stat.index("(") + 1 : stat.rindex(")")] in names:
             fields = stat[stat.rindex(")") + 2 :].split()
-            found[int(proc.name)] = int(fields[11]) + int(fields[12])  # utime, stime
+            found[int(proc.name)] = sum(int(f) for f in fields[11 : 15 if reaped else 13])
     return found
 
 
-# Per vendor: CPU ticks by pid at the last reading, and the ticks counted so far.
-_ticks_seen: dict[str, dict[int, int]] = {}
-_ticks_total: dict[str, int] = {}
+def server_cpu_ms(names: tuple[str, ...]) -> float:
+    """CPU (user + system, ms) the local processes named ``names`` have spent, with their
+    exited children: a backend that exits between two readings (a worker that closed its
+    connection before the second one) is counted in its postmaster's total, so the
+    difference of two readings is what the server spent between them."""
+    return 1000 * sum(cpu_ticks(names=names, reaped=True).values()) / os.sysconf("SC_CLK_TCK")
 
 
 def _server_cpu_ms(vendor: str) -> int:
-    """CPU (user + system, ms) the local server processes of ``vendor`` spent since the first
-    call, counting each process only between two readings that both saw it (a backend that
-    came or went in between, another client's, does not make the figure jump)."""
-    now = cpu_ticks(names=SERVER_PROCESSES.get(vendor, ()))
-    seen = _ticks_seen.get(vendor, {})
-    _ticks_total[vendor] = _ticks_total.get(vendor, 0) + sum(
-        ticks - seen[pid] for pid, ticks in now.items() if pid in seen and ticks >= seen[pid]
-    )
-    _ticks_seen[vendor] = now
-    return _ticks_total[vendor] * 1000 // os.sysconf("SC_CLK_TCK")
+    """CPU (ms) of the local server processes of ``vendor`` so far (``server_cpu_ms``)."""
+    return int(server_cpu_ms(SERVER_PROCESSES.get(vendor, ())))
 
 
 def vacuum(target: Target) -> bool:

@@ -17,7 +17,10 @@ process's first call at the same instant. Per case and contender:
 - the hand-off gap: from each release to the next grant (any process), p50 and p99;
 - for the engine: statements its waiters sent per second of waiting, per waiter (what a
   waiter costs the database), and the line's own counters (looks, attempts, wake-ups);
-- the client CPU per grant (every thread of the waiting processes).
+- the client CPU per grant (every thread of the waiting processes), and the server's: the
+  CPU of the database's processes on this machine for the engine (``vendor.counters``), of
+  ZooKeeper's JVM for kazoo, of redis-server for the Redis locks, per grant (0 where that
+  server runs elsewhere).
 
 The ``unwaited`` reference runs the engine's workers of the same case on a pool of their own
 with a row for every process, so that nobody waits: the same number of processes on the same
@@ -37,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from project.bench import vendor
 from project.bench.stats import jain, percentile
 from project.bench.targets import KIND_PREFIX, kind_for, seed
 from project.bench.workers import Workers, run_window
@@ -109,6 +113,19 @@ def contenders(*, before: bool, zookeeper_up: bool, redis_url: str | None) -> li
     return names
 
 
+#: The local server processes of each peer, by the name /proc/<pid>/stat gives them.
+PEER_SERVERS = {"zookeeper": ("java",), "redis-lock": ("redis-server",), "redis-py": ("redis-server",)}
+
+
+def server_cpu_ms(contender: str, target: Any) -> float:
+    """CPU (ms) the server ``contender`` talks to has spent so far on this machine: the
+    database's processes for the engine, the peer's own server otherwise."""
+    names = PEER_SERVERS.get(contender)
+    if names is None:
+        return float(vendor.counters(target).get("server_cpu_ms", 0))
+    return vendor.server_cpu_ms(names)
+
+
 def measure(
     *,
     case: Case,
@@ -116,12 +133,19 @@ def measure(
     workers: Workers,
     spec: dict[str, Any],
     duration: float,
+    target: Any,
 ) -> dict[str, Any]:
     """One window of one contender on one case: its figures (see the module's docstring)."""
     procs = workers.ensure(case.processes)
-    results = run_window(procs, [spec] * case.processes, duration)
+    readings: list[float] = []
+    results = run_window(
+        procs, [spec] * case.processes, duration, on_ready=lambda: readings.append(server_cpu_ms(contender, target))
+    )
+    server = server_cpu_ms(contender, target) - readings[0]
     start = min((a[0] for r in results for a in r["acquisitions"]), default=0.0)
-    return summarise(case, results, duration, start, contender)
+    figures = summarise(case, results, duration, start, contender)
+    figures["server_cpu_ms_per_grant"] = server / figures["grants"] if figures["grants"] else None
+    return figures
 
 
 def summarise(case: Case, results: list[dict[str, Any]], duration: float, start: float, name: str) -> dict[str, Any]:
@@ -174,6 +198,10 @@ def summarise(case: Case, results: list[dict[str, Any]], duration: float, start:
     }
 
 
+def _f2(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def _ms(value: float | None) -> float | None:
     return None if value is None else round(value * 1000, 3)
 
@@ -222,15 +250,20 @@ def waiting(ctx: Any) -> dict[str, Any]:
                         workers=pool,
                         spec=_unwaited(spec, unwaited) if name == UNWAITED else {**spec, "contender": name},
                         duration=plan.waiting_duration,
+                        target=ctx.target,
                     )
                     results.setdefault(name, []).append(figures)
                     if name == UNWAITED:
-                        ctx.say(f"  {case.name} {name}: client CPU {figures['client_cpu_ms_per_grant']:.2f} ms/grant")
+                        ctx.say(
+                            f"  {case.name} {name}: client CPU {figures['client_cpu_ms_per_grant']:.2f} ms/grant,"
+                            f" server {_f2(figures['server_cpu_ms_per_grant'])}"
+                        )
                         continue
                     ctx.say(
                         f"  {case.name} {name}: utilisation {figures['utilisation']:.2f},"
                         f" Jain {figures['jain']:.3f}, worst wait {figures['worst_wait_s']:.3f}s,"
-                        f" gap p50 {figures['gap_p50_ms']} ms"
+                        f" gap p50 {figures['gap_p50_ms']} ms, CPU per grant client"
+                        f" {_f2(figures['client_cpu_ms_per_grant'])} server {_f2(figures['server_cpu_ms_per_grant'])} ms"
                     )
             points.append({"case": case.__dict__, "results": {n: _mean(runs) for n, runs in results.items()}})
     finally:
@@ -264,6 +297,7 @@ def _mean(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "statements_per_waiter_s",
         "worst_x_fair",
         "client_cpu_ms_per_grant",
+        "server_cpu_ms_per_grant",
     ):
         values = [run[key] for run in runs if run.get(key) is not None]
         merged[key] = sum(values) / len(values) if values else None

@@ -33,6 +33,7 @@ HEADER = [
     "grants",
     "stmts/waiter/s",
     "client cpu ms/grant",
+    "server cpu ms/grant",
 ]
 
 
@@ -65,6 +66,7 @@ def summary(doc: dict[str, Any]) -> list[str]:
                         _f(r["grants"]),
                         _f(r.get("statements_per_waiter_s"), 1),
                         _f(r.get("client_cpu_ms_per_grant"), 2),
+                        _f(r.get("server_cpu_ms_per_grant"), 2),
                     ]
                 )
     return _table(HEADER, rows)

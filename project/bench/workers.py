@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
@@ -541,10 +541,15 @@ def run_window(
     *,
     ready_timeout: float = 120.0,
     grace: float = 120.0,
+    on_ready: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Give each worker its task, start them all at one instant, return their results."""
+    """Give each worker its task, start them all at one instant, return their results;
+    ``on_ready`` is called once every worker is ready, just before the start (a reading of
+    the server's CPU that leaves the workers' connecting out)."""
     pairs = list(zip(workers, specs, strict=True))
     prepare(pairs, ready_timeout)
+    if on_ready is not None:
+        on_ready()
     start = time.monotonic() + 0.05
     go(pairs, start, start + duration)
     return [worker.expect("done", duration + grace)["result"] for worker, _ in pairs]
