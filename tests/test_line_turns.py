@@ -98,6 +98,9 @@ def test_a_turn_its_waiter_no_longer_wants_is_passed_on(waiting: Callable[..., W
     behind = waiting("--what", "pool:turns-pass", "--once", "--heard", env=slow_looks())
     behind.next("entered")
     wait_for_places("turns-pass", "", 1)
+    # The waiter's first look has returned (once, it ran after the update below: it found the
+    # row free and was served without a wake-up, on a loaded machine).
+    assert not behind.next("looked")["free"]
     # The row comes free without a release (nothing is told), and the waiter looked already:
     # it would look again in two minutes.
     Resource.objects.filter(pk=held.resource.pk).update(busy_before=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))

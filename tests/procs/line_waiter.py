@@ -159,7 +159,9 @@ def count_deliveries() -> None:
 
 
 def record_places(places: list[dict[str, Any]], *, heard: bool = False) -> None:
-    """Note every place this process takes (its id, and when the insert returned); ``heard``:
+    """Note every place this process takes (its id, and when the insert returned), and say
+    when each look returned (``looked``: what a test waits for before it frees a row that
+    nobody will tell the waiter about); ``heard``:
     say so only once a release's NOTIFY reaches this process (PostgreSQL's LISTEN is set up
     by its own thread, a moment after the first wait begins)."""
     from resource_lease.line import places as line_places
@@ -177,6 +179,14 @@ def record_places(places: list[dict[str, Any]], *, heard: bool = False) -> None:
         return place
 
     line_places.enter = entering  # type: ignore[assignment]
+    look = line_places.look
+
+    def looking(*args: Any, **kwargs: Any) -> Any:
+        seen = look(*args, **kwargs)
+        emit("looked", live=seen.live, free=seen.free, at=time.monotonic())
+        return seen
+
+    line_places.look = looking  # type: ignore[assignment]
 
 
 def take(what: str, args: argparse.Namespace) -> Any:
