@@ -53,6 +53,7 @@ def worker(kind: str, start: float, stop: float, hold: float) -> None:
         time.sleep(0.005)
     time.sleep(max(0.0, start - time.monotonic()))
     out = []
+    cpu = time.process_time()
     while (asked := time.monotonic()) < stop:
         heard.clear()
         try:
@@ -63,7 +64,8 @@ def worker(kind: str, start: float, stop: float, hold: float) -> None:
         out.append([asked, heard[0] if heard else None, got])
         time.sleep(hold)
         lease.release()
-    print(json.dumps({"pid": os.getpid(), "grants": out, "line": stats.as_dict()}), flush=True)
+    cpu = time.process_time() - cpu
+    print(json.dumps({"pid": os.getpid(), "grants": out, "line": stats.as_dict(), "cpu": cpu}), flush=True)
 
 
 def main() -> None:
@@ -91,6 +93,10 @@ def main() -> None:
         )
         for _ in range(args.processes)
     ]
+    time.sleep(max(0.0, start - time.monotonic()))
+    server = _server_cpu_ms()
+    time.sleep(max(0.0, stop - time.monotonic()))
+    server = _server_cpu_ms() - server  # over the window
     results = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
     Resource.objects.filter(kind=kind).delete()
     waits = sorted(
@@ -128,6 +134,25 @@ def main() -> None:
         for key, value in r["line"].items():
             line[key] = line.get(key, 0) + value
     print("line:", line)
+    print(f"server CPU per grant (every postgres process of this machine, over the window): {server / total:.2f} ms")
+    print(
+        f"client CPU per grant (the {args.processes} processes, all threads): {sum(r['cpu'] for r in results) * 1000 / total:.2f} ms"
+    )
+
+
+def _server_cpu_ms() -> float:
+    """CPU (ms) the local postgres processes spent so far, their exited backends with them."""
+    total = 0
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                text = stat.read()
+        except OSError:
+            continue
+        if pid.isdigit() and text[text.index("(") + 1 : text.rindex(")")] == "postgres":
+            fields = text[text.rindex(")") + 2 :].split()
+            total += sum(int(f) for f in fields[11:15])
+    return total * 1000 / os.sysconf("SC_CLK_TCK")
 
 
 if __name__ == "__main__":
