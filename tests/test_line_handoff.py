@@ -77,20 +77,30 @@ def _hand_to_the_last(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(dialect.sql, "RELEASE", dialect.sql["RELEASE"].replace(order, "w.priority, w.id DESC LIMIT 1"))
 
 
+def _two_waiters(
+    name: str, start: Callable[..., WaiterProcess]
+) -> tuple[Any, WaiterProcess, WaiterProcess, dict[int, str]]:
+    """The lock ``name`` held here, and two waiter processes in its line, one after the other:
+    (the lease, the first, the second, {place: token} in the order they took their places)."""
+    held = lock(name, ttl=300, timeout=0)
+    first = start("--what", f"lock:{name}", "--once", "--hold", "0.05")
+    first_place = first.next("entered")["id"]
+    wait_for_places(LOCK_KIND, name, 1)
+    second = start("--what", f"lock:{name}", "--once", "--hold", "0.05")
+    second_place = second.next("entered")["id"]
+    wait_for_places(LOCK_KIND, name, 2)
+    tokens = dict(Waiter.objects.filter(id__in=[first_place, second_place]).values_list("id", "token"))
+    return held, first, second, {first_place: tokens[first_place], second_place: tokens[second_place]}
+
+
 @pytest.mark.parametrize("variant", ["engine", "negative-control"])
 def test_a_release_hands_its_row_to_the_first_waiter_in_the_same_statement(
     variant: str,
     monkeypatch: pytest.MonkeyPatch,
     waiting: Callable[..., WaiterProcess],  # noqa: F811
 ) -> None:
-    held = lock("handed", ttl=300, timeout=0)
-    first = waiting("--what", "lock:handed", "--once", "--hold", "0.05")
-    first_place = first.next("entered")["id"]
-    wait_for_places(LOCK_KIND, "handed", 1)
-    second = waiting("--what", "lock:handed", "--once", "--hold", "0.05")
-    second_place = second.next("entered")["id"]
-    wait_for_places(LOCK_KIND, "handed", 2)
-    tokens = dict(Waiter.objects.filter(id__in=[first_place, second_place]).values_list("id", "token"))
+    held, first, second, tokens = _two_waiters("handed", waiting)
+    first_place, second_place = tokens
     if variant == "negative-control":
         _hand_to_the_last(monkeypatch)
     # Both paused: what the release wrote is read before either waiter could act on it.
@@ -135,14 +145,8 @@ def test_a_release_hands_its_row_past_a_place_another_transaction_holds_locked(
     for the lock."""
     import psycopg
 
-    held = lock("past-locked", ttl=300, timeout=0)
-    first = waiting("--what", "lock:past-locked", "--once", "--hold", "0.05")
-    first_place = first.next("entered")["id"]
-    wait_for_places(LOCK_KIND, "past-locked", 1)
-    second = waiting("--what", "lock:past-locked", "--once", "--hold", "0.05")
-    second_place = second.next("entered")["id"]
-    wait_for_places(LOCK_KIND, "past-locked", 2)
-    tokens = dict(Waiter.objects.filter(id__in=[first_place, second_place]).values_list("id", "token"))
+    held, first, second, tokens = _two_waiters("past-locked", waiting)
+    first_place, second_place = tokens
     if variant == "negative-control":
         dialect = lease_connection("default").dialect
         assert " SKIP LOCKED)" in dialect.sql["RELEASE"]
