@@ -18,7 +18,7 @@ process's first call at the same instant. Per case and contender:
 - for the engine: statements its waiters sent per second of waiting, per waiter (what a
   waiter costs the database), and the line's own counters (looks, attempts, wake-ups);
 - the client CPU per grant (every thread of the waiting processes), and the server's: the
-  CPU of the database's processes on this machine for the engine (``vendor.counters``), of
+  CPU of the database's processes on this machine for the engine (``vendor.server_cpu_ms``), of
   ZooKeeper's JVM for kazoo, of redis-server for the Redis locks, per grant (0 where that
   server runs elsewhere).
 
@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from project.bench import vendor
+from project.bench.report import _f
 from project.bench.stats import jain, percentile
 from project.bench.targets import KIND_PREFIX, kind_for, seed
 from project.bench.workers import Workers, run_window
@@ -119,11 +120,8 @@ PEER_SERVERS = {"zookeeper": ("java",), "redis-lock": ("redis-server",), "redis-
 
 def server_cpu_ms(contender: str, target: Any) -> float:
     """CPU (ms) the server ``contender`` talks to has spent so far on this machine: the
-    database's processes for the engine, the peer's own server otherwise."""
-    names = PEER_SERVERS.get(contender)
-    if names is None:
-        return float(vendor.counters(target).get("server_cpu_ms", 0))
-    return vendor.server_cpu_ms(names)
+    database's processes for the engine, the peer's own server otherwise (0 for SQLite)."""
+    return vendor.server_cpu_ms(PEER_SERVERS.get(contender, vendor.SERVER_PROCESSES.get(target.vendor, ())))
 
 
 def measure(
@@ -198,10 +196,6 @@ def summarise(case: Case, results: list[dict[str, Any]], duration: float, start:
     }
 
 
-def _f2(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
 def _ms(value: float | None) -> float | None:
     return None if value is None else round(value * 1000, 3)
 
@@ -256,14 +250,14 @@ def waiting(ctx: Any) -> dict[str, Any]:
                     if name == UNWAITED:
                         ctx.say(
                             f"  {case.name} {name}: client CPU {figures['client_cpu_ms_per_grant']:.2f} ms/grant,"
-                            f" server {_f2(figures['server_cpu_ms_per_grant'])}"
+                            f" server {_f(figures['server_cpu_ms_per_grant'], 2)}"
                         )
                         continue
                     ctx.say(
                         f"  {case.name} {name}: utilisation {figures['utilisation']:.2f},"
                         f" Jain {figures['jain']:.3f}, worst wait {figures['worst_wait_s']:.3f}s,"
                         f" gap p50 {figures['gap_p50_ms']} ms, CPU per grant client"
-                        f" {_f2(figures['client_cpu_ms_per_grant'])} server {_f2(figures['server_cpu_ms_per_grant'])} ms"
+                        f" {_f(figures['client_cpu_ms_per_grant'], 2)} server {_f(figures['server_cpu_ms_per_grant'], 2)} ms"
                     )
             points.append({"case": case.__dict__, "results": {n: _mean(runs) for n, runs in results.items()}})
     finally:

@@ -119,8 +119,8 @@ TELL_TURNS = (
 # with SKIP LOCKED: docs/benchmarks.md, tenth session); the next one hands its row to the
 # next waiter instead, and the place skipped is served by the release that locked it (or by
 # the next release, if that one handed nothing: a release of a grant it no longer held).
-# Where every place is locked, the release frees the row and tells turns. Only a row marked for its line (a waiter may be in it),
-# enabled and not in quarantine is handed. (id)
+# Where every place is locked, the release frees the row and tells turns. Only a row marked
+# for its line (a waiter may be in it), enabled and not in quarantine is handed. (id)
 HEAD_OF_LINE = (
     "me AS (SELECT id, kind, name, data FROM {table} WHERE id = {p} AND line_until > {now} AND enabled = {true}"
     " AND (quarantined_until IS NULL OR quarantined_until <= {now})),"

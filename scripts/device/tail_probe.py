@@ -80,6 +80,7 @@ def main() -> None:
     import django
 
     django.setup()
+    from project.bench.vendor import server_cpu_ms
     from resource_lease.models import Resource
 
     kind = f"tail-probe-{os.getpid()}"
@@ -94,9 +95,9 @@ def main() -> None:
         for _ in range(args.processes)
     ]
     time.sleep(max(0.0, start - time.monotonic()))
-    server = _server_cpu_ms()
+    server = server_cpu_ms(("postgres",))
     time.sleep(max(0.0, stop - time.monotonic()))
-    server = _server_cpu_ms() - server  # over the window
+    server = server_cpu_ms(("postgres",)) - server  # over the window
     results = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
     Resource.objects.filter(kind=kind).delete()
     waits = sorted(
@@ -138,21 +139,6 @@ def main() -> None:
     print(
         f"client CPU per grant (the {args.processes} processes, all threads): {sum(r['cpu'] for r in results) * 1000 / total:.2f} ms"
     )
-
-
-def _server_cpu_ms() -> float:
-    """CPU (ms) the local postgres processes spent so far, their exited backends with them."""
-    total = 0
-    for pid in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                text = stat.read()
-        except OSError:
-            continue
-        if pid.isdigit() and text[text.index("(") + 1 : text.rindex(")")] == "postgres":
-            fields = text[text.rindex(")") + 2 :].split()
-            total += sum(int(f) for f in fields[11:15])
-    return total * 1000 / os.sysconf("SC_CLK_TCK")
 
 
 if __name__ == "__main__":
